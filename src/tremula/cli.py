@@ -1,0 +1,134 @@
+"""The `tremula` command line: chips, zoo, inspect, compile, check.
+
+User errors (TremulaError, bad flags) print one line on stderr and exit with status 2; nothing prints a traceback
+unless TREMULA_DEBUG=1 is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tremula.errors import TremulaError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Compile and simulate transformer inference on Graphcore IPUs and IPU-like tile machines.",
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def human(n: float, unit: str = "") -> str:
+    """1234567 -> '1.23 M'; keeps tables readable across the 1e3..1e15 range a model spans."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {prefix}{unit}"
+    return f"{n:.4g} {unit}".rstrip()
+
+
+def human_bytes(n: float) -> str:
+    for scale, prefix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {prefix}"
+    return f"{int(n)} B"
+
+
+def _load(model: str, batch: int, seq_len: Optional[int], fuse: bool = True):
+    from tremula.frontends import load_model
+
+    graph = load_model(model, batch=batch, seq_len=seq_len)
+    if fuse:
+        from tremula.passes import canonicalize
+
+        graph = canonicalize(graph)
+    return graph
+
+
+@app.command()
+def chips(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List the built-in chips with their derived peak rates."""
+    from tremula.chip import builtin_chip_names, chip_rows, load_chip
+
+    rows = chip_rows([load_chip(n) for n in builtin_chip_names()])
+    if json_out:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table(title="Built-in chips (sources in each chip file)")
+    for key in rows[0]:
+        table.add_column(key, justify="left" if key in ("name", "arch") else "right")
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    out.print(table)
+
+
+@app.command()
+def zoo() -> None:
+    """List the built-in models (seeded random weights, built offline)."""
+    from tremula.frontends.zoo import zoo_rows
+
+    rows = zoo_rows()
+    table = Table(title="Built-in models")
+    for key in rows[0]:
+        table.add_column(key)
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    out.print(table)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    model: str = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Batch size for dynamic or zoo inputs."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    fuse: bool = typer.Option(True, "--fuse/--no-fuse", help="Run the canonicalising passes first."),
+) -> None:
+    """Inputs, outputs, parameters, FLOPs per forward and a per-op table."""
+    from tremula.model_info import describe
+
+    info = describe(_load(model, batch, seq_len, fuse))
+    if json_out:
+        out.print_json(json.dumps(info.to_json()))
+        return
+    out.print(f"[bold]{info.name}[/bold]  batch {batch}")
+    for kind, vals in (("input", info.inputs), ("output", info.outputs)):
+        for name, t in vals:
+            out.print(f"  {kind:6} {name}: {t}")
+    out.print(
+        f"  params {human(info.params)} ({human_bytes(info.param_bytes)}"
+        f"{', lazy' if info.lazy_params else ''})   FLOPs/forward {human(info.flops, 'FLOP')}   nodes {info.nodes}"
+    )
+    table = Table()
+    for col, just in (("op", "left"), ("count", "right"), ("FLOPs", "right"), ("%", "right"), ("params", "right"),
+                      ("input shapes", "left"), ("output shapes", "left")):
+        table.add_column(col, justify=just)
+    for r in info.ops:
+        table.add_row(r.op, str(r.count), human(r.flops), f"{r.percent:.1f}", human(r.params),
+                      "\n".join(r.in_shapes), "\n".join(r.out_shapes))
+    out.print(table)
+
+
+def main() -> None:
+    """Entry point: flag errors are reported by the CLI library (exit 2); user errors become one line on stderr."""
+    try:
+        app(prog_name="tremula")  # standalone: handles --help, usage errors and Ctrl-C itself
+    except TremulaError as e:
+        if os.environ.get("TREMULA_DEBUG"):
+            raise
+        err.print(f"tremula: error: {e}", soft_wrap=True, markup=False)
+        sys.exit(2)
+    except Exception as e:  # an internal error: still one line, with how to get the traceback
+        if os.environ.get("TREMULA_DEBUG"):
+            raise
+        err.print(f"tremula: internal error: {type(e).__name__}: {e} (set TREMULA_DEBUG=1 for a traceback)",
+                  soft_wrap=True, markup=False)
+        sys.exit(3)

@@ -1,0 +1,175 @@
+"""The IR: a Graph of static-shaped values, topologically ordered nodes and (possibly lazy) constants."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tremula.errors import TremulaError
+
+# Element types the IR knows, by NumPy name. FP8 lives in its own module (codes + format + scale).
+DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise TremulaError(f"unsupported element type {self.dtype!r} (known: {', '.join(DTYPES)})")
+        if any((not isinstance(d, (int, np.integer))) or d < 0 for d in self.shape):
+            raise TremulaError(f"shape {self.shape} is not static and non-negative")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class LazyInit:
+    """How to make a constant's values when they are first needed: seeded, so planning never allocates weights.
+
+    kind: "normal" (mean + std * N(0,1)), "uniform" (low=mean-std, high=mean+std), "zeros", "ones", "fill" (mean).
+    """
+
+    kind: str
+    seed: int = 0
+    mean: float = 0.0
+    std: float = 1.0
+
+    def make(self, ttype: TensorType) -> np.ndarray:
+        if self.kind == "zeros":
+            return np.zeros(ttype.shape, ttype.dtype)
+        if self.kind == "ones":
+            return np.ones(ttype.shape, ttype.dtype)
+        if self.kind == "fill":
+            return np.full(ttype.shape, self.mean, ttype.dtype)
+        rng = np.random.default_rng(self.seed)
+        if self.kind == "normal":
+            x = rng.standard_normal(ttype.shape, dtype=np.float32) * np.float32(self.std) + np.float32(self.mean)
+        elif self.kind == "uniform":
+            x = rng.uniform(self.mean - self.std, self.mean + self.std, ttype.shape).astype(np.float32)
+        elif self.kind == "randint":
+            x = rng.integers(int(self.mean), int(self.std), ttype.shape)
+        else:
+            raise TremulaError(f"unknown lazy initialiser {self.kind!r}")
+        return x.astype(ttype.dtype)
+
+
+def name_seed(base_seed: int, name: str) -> int:
+    """A seed for one named tensor, stable across runs and Python versions (hash() is salted; crc32 is not)."""
+    return (base_seed * 1_000_003 + zlib.crc32(name.encode())) & 0xFFFFFFFF
+
+
+@dataclass
+class Constant:
+    """A tensor known at compile time: either concrete data or a LazyInit that makes it on demand."""
+
+    name: str
+    type: TensorType
+    data: np.ndarray | None = None
+    init: LazyInit | None = None
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.init is None):
+            raise TremulaError(f"constant {self.name!r} needs exactly one of data or init")
+        if self.data is not None:
+            if tuple(self.data.shape) != self.type.shape or str(self.data.dtype) != self.type.dtype:
+                raise TremulaError(
+                    f"constant {self.name!r}: data {self.data.dtype}{list(self.data.shape)} does not match {self.type}"
+                )
+
+    @property
+    def is_lazy(self) -> bool:
+        return self.data is None
+
+    def value(self) -> np.ndarray:
+        """The values, made (and cached) if lazy."""
+        if self.data is None:
+            assert self.init is not None
+            self.data = self.init.make(self.type)
+            self.init = None
+        return self.data
+
+    @staticmethod
+    def of(name: str, array: np.ndarray) -> Constant:
+        array = np.asarray(array)
+        return Constant(name, TensorType(tuple(array.shape), str(array.dtype)), data=array)
+
+
+@dataclass
+class Node:
+    op: str
+    inputs: list[str]  # "" marks an omitted optional input
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+
+@dataclass
+class Graph:
+    """A model as the rest of the pipeline sees it.
+
+    `types` holds the TensorType of every value: graph inputs, constants and node outputs.
+    Nodes are in topological order; every input of a node is a graph input, a constant or an earlier node's output.
+    """
+
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    nodes: list[Node]
+    constants: dict[str, Constant]
+    types: dict[str, TensorType]
+
+    def copy(self) -> Graph:
+        return Graph(
+            self.name,
+            list(self.inputs),
+            list(self.outputs),
+            [replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs)) for n in self.nodes],
+            dict(self.constants),
+            dict(self.types),
+        )
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out
+
+    def param_count(self) -> int:
+        return sum(c.type.size for c in self.constants.values() if c.type.dtype.startswith("float"))
+
+    def param_bytes(self) -> int:
+        return sum(c.type.nbytes for c in self.constants.values())
+
+    def fresh_name(self, base: str) -> str:
+        """A value name not used yet in this graph."""
+        if base not in self.types:
+            return base
+        i = 1
+        while f"{base}_{i}" in self.types:
+            i += 1
+        return f"{base}_{i}"

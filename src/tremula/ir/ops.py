@@ -1,0 +1,562 @@
+"""The canonical op set: one op = one row of rules (type rule, NumPy reference, FLOP count).
+
+Semantics follow the ONNX operator of the same name with every attribute made static (shapes, axes and slice bounds
+are attributes here, not runtime inputs), plus the fused ops a tile machine cares about: LayerNorm, Gelu, Linear,
+Attention and Patchify. Ops marked `host_only` (shape arithmetic) must be folded away before planning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from tremula.errors import TremulaError
+from tremula.ir.graph import TensorType
+
+Attrs = dict[str, Any]
+TypeRule = Callable[[list[TensorType], Attrs], list[TensorType]]
+RefRule = Callable[[list[np.ndarray], Attrs], list[np.ndarray]]
+FlopRule = Callable[[list[TensorType], list[TensorType], Attrs], int]
+
+
+@dataclass(frozen=True)
+class OpRule:
+    name: str
+    infer: TypeRule
+    ref: RefRule
+    flops: FlopRule
+    n_inputs: tuple[int, int]  # (min, max) number of inputs; optional ones may be ""
+    host_only: bool = False  # shape arithmetic that constant folding must remove before planning
+
+
+OPS: dict[str, OpRule] = {}
+
+
+def _row(name: str, infer: TypeRule, ref: RefRule, flops: FlopRule, n_inputs: tuple[int, int], host_only=False):
+    OPS[name] = OpRule(name, infer, ref, flops, n_inputs, host_only)
+
+
+def rule(op: str) -> OpRule:
+    try:
+        return OPS[op]
+    except KeyError:
+        raise TremulaError(f"op {op!r} is not in tremula's canonical op set") from None
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _norm_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise TremulaError(f"axis {axis} out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+def _zero_flops(ins, outs, a) -> int:
+    return 0
+
+
+def _per_output(k: int) -> FlopRule:
+    return lambda ins, outs, a: k * outs[0].size
+
+
+def _same(ins: list[TensorType], a: Attrs) -> list[TensorType]:
+    return [ins[0]]
+
+
+# ---------------------------------------------------------------------------------------------------- element-wise
+
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": lambda x, y: (x // y) if np.issubdtype(x.dtype, np.integer) else np.divide(x, y),
+    "Pow": lambda x, y: np.power(x, y).astype(x.dtype),
+    "Max": np.maximum,
+    "Min": np.minimum,
+    "Mod": np.fmod,
+}
+for _name, _fn in _BINARY.items():
+    _row(
+        _name,
+        lambda ins, a: [TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape)), ins[0].dtype)],
+        (lambda fn: lambda xs, a: [np.asarray(fn(xs[0], xs[1])).astype(xs[0].dtype)])(_fn),
+        _per_output(1),
+        (2, 2),
+    )
+
+_COMPARE = {"Equal": np.equal, "Less": np.less, "Greater": np.greater, "And": np.logical_and, "Or": np.logical_or}
+for _name, _fn in _COMPARE.items():
+    _row(
+        _name,
+        lambda ins, a: [TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape)), "bool")],
+        (lambda fn: lambda xs, a: [np.asarray(fn(xs[0], xs[1]))])(_fn),
+        _per_output(1),
+        (2, 2),
+    )
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # math.erf is exact to float64; vectorised here because NumPy has no erf and SciPy is not a dependency.
+    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return (0.5 * (1.0 + np.tanh(0.5 * x64))).astype(x.dtype)
+
+
+# name -> (function, FLOPs per element). Transcendentals count 1 FLOP per element, as FLOP counters usually do.
+_UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], int]] = {
+    "Neg": (np.negative, 1),
+    "Abs": (np.abs, 1),
+    "Exp": (np.exp, 1),
+    "Log": (np.log, 1),
+    "Sqrt": (np.sqrt, 1),
+    "Reciprocal": (np.reciprocal, 1),
+    "Tanh": (np.tanh, 1),
+    "Erf": (_erf, 1),
+    "Sigmoid": (_sigmoid, 1),
+    "Relu": (lambda x: np.maximum(x, 0).astype(x.dtype), 1),
+    "Not": (np.logical_not, 0),
+    "Identity": (lambda x: x, 0),
+}
+for _name, (_fn, _k) in _UNARY.items():
+    _row(_name, _same, (lambda fn: lambda xs, a: [np.asarray(fn(xs[0])).astype(xs[0].dtype)])(_fn), _per_output(_k), (1, 1))
+
+_row(
+    "Cast",
+    lambda ins, a: [TensorType(ins[0].shape, a["to"])],
+    lambda xs, a: [xs[0].astype(a["to"])],
+    _zero_flops,
+    (1, 1),
+)
+_row(
+    "Where",
+    lambda ins, a: [
+        TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape, ins[2].shape)), ins[1].dtype)
+    ],
+    lambda xs, a: [np.where(xs[0], xs[1], xs[2]).astype(xs[1].dtype)],
+    _per_output(1),
+    (3, 3),
+)
+
+# ---------------------------------------------------------------------------------------------------- matmul family
+
+
+def _matmul_type(ins: list[TensorType], a: Attrs) -> list[TensorType]:
+    x, w = ins[0].shape, ins[1].shape
+    if len(x) < 1 or len(w) < 1:
+        raise TremulaError("MatMul operands must have rank >= 1")
+    xs, ws = (x if len(x) > 1 else (1,) + x), (w if len(w) > 1 else w + (1,))
+    if xs[-1] != ws[-2]:
+        raise TremulaError(f"MatMul inner dimensions differ: {x} x {w}")
+    batch = np.broadcast_shapes(xs[:-2], ws[:-2])
+    out = tuple(batch) + (xs[-2], ws[-1])
+    if len(x) == 1:
+        out = out[:-2] + out[-1:]
+    if len(w) == 1:
+        out = out[:-1]
+    return [TensorType(out, ins[0].dtype)]
+
+
+def _matmul_flops(ins, outs, a) -> int:
+    return 2 * outs[0].size * ins[0].shape[-1]
+
+
+def _matmul_ref(xs, a):
+    x, w = xs
+    acc = np.float32 if x.dtype == np.float16 else x.dtype  # accumulate half in float, as the AMP can
+    return [np.matmul(x.astype(acc), w.astype(acc)).astype(x.dtype)]
+
+
+_row("MatMul", _matmul_type, _matmul_ref, _matmul_flops, (2, 2))
+
+
+def _linear_type(ins, a):
+    (out,) = _matmul_type(ins[:2], a)
+    if len(ins) > 2 and ins[2] is not None and ins[2].shape != (ins[1].shape[-1],):
+        raise TremulaError(f"Linear bias shape {ins[2].shape} is not ({ins[1].shape[-1]},)")
+    return [out]
+
+
+def _linear_ref(xs, a):
+    (y,) = _matmul_ref(xs[:2], a)
+    if len(xs) > 2 and xs[2] is not None:
+        y = (y + xs[2]).astype(y.dtype)
+    return [y]
+
+
+_row(
+    "Linear",  # x[..., K] @ w[K, N] (+ b[N]): the matmul+bias fusion
+    _linear_type,
+    _linear_ref,
+    lambda ins, outs, a: _matmul_flops(ins, outs, a) + (outs[0].size if len(ins) > 2 and ins[2] is not None else 0),
+    (2, 3),
+)
+
+# ---------------------------------------------------------------------------------------------------- reductions
+
+
+def _reduce_type(ins, a):
+    rank = len(ins[0].shape)
+    axes = tuple(sorted(_norm_axis(ax, rank) for ax in a["axes"])) if a.get("axes") is not None else tuple(range(rank))
+    if a.get("keepdims", 1):
+        shape = tuple(1 if i in axes else d for i, d in enumerate(ins[0].shape))
+    else:
+        shape = tuple(d for i, d in enumerate(ins[0].shape) if i not in axes)
+    return [TensorType(shape, ins[0].dtype)]
+
+
+def _reduce_ref(fn):
+    def ref(xs, a):
+        x = xs[0]
+        axes = tuple(a["axes"]) if a.get("axes") is not None else None
+        acc = np.float32 if x.dtype == np.float16 else x.dtype
+        y = fn(x.astype(acc), axis=axes, keepdims=bool(a.get("keepdims", 1)))
+        return [np.asarray(y).astype(x.dtype)]
+
+    return ref
+
+
+for _name, _fn in {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max}.items():
+    _row(_name, _reduce_type, _reduce_ref(_fn), lambda ins, outs, a: ins[0].size, (1, 1))
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    acc = x.astype(np.float32) if x.dtype == np.float16 else x
+    m = np.max(acc, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # a row of all -inf gives zeros after exp, not NaN from inf - inf
+    e = np.exp(acc - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return (e / np.where(s == 0, 1, s)).astype(x.dtype)
+
+
+_row(
+    "Softmax",
+    _same,
+    lambda xs, a: [_softmax(xs[0], a.get("axis", -1))],
+    _per_output(5),  # max, subtract, exp, sum, divide
+    (1, 1),
+)
+
+# ---------------------------------------------------------------------------------------------------- fused ops
+
+
+def _layernorm_ref(xs, a):
+    x, g = xs[0], xs[1]
+    b = xs[2] if len(xs) > 2 else None
+    acc = x.astype(np.float32) if x.dtype == np.float16 else x
+    mu = acc.mean(axis=-1, keepdims=True)
+    var = ((acc - mu) ** 2).mean(axis=-1, keepdims=True)
+    y = (acc - mu) / np.sqrt(var + np.asarray(a.get("epsilon", 1e-5), acc.dtype)) * g.astype(acc.dtype)
+    if b is not None:
+        y = y + b.astype(acc.dtype)
+    return [y.astype(x.dtype)]
+
+
+def _layernorm_type(ins, a):
+    d = ins[0].shape[-1]
+    for t in ins[1:]:
+        if t is not None and t.shape != (d,):
+            raise TremulaError(f"LayerNorm scale/bias shape {t.shape} is not ({d},)")
+    return [ins[0]]
+
+
+_row("LayerNorm", _layernorm_type, _layernorm_ref, _per_output(8), (2, 3))  # normalises over the last axis
+
+
+def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    if approximate == "tanh":
+        y = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+    else:
+        y = 0.5 * x64 * (1.0 + _erf(x64))
+    return y.astype(x.dtype)
+
+
+_row("Gelu", _same, lambda xs, a: [_gelu(xs[0], a.get("approximate", "none"))], _per_output(8), (1, 1))
+
+
+def _attention_type(ins, a):
+    q, k, v = ins[0].shape, ins[1].shape, ins[2].shape
+    if len(q) < 2 or q[-1] != k[-1] or k[-2] != v[-2] or q[:-2] != k[:-2] or k[:-2] != v[:-2]:
+        raise TremulaError(f"Attention shapes do not agree: q{q} k{k} v{v}")
+    if len(ins) > 3 and ins[3] is not None:
+        try:
+            np.broadcast_shapes(ins[3].shape, q[:-1] + (k[-2],))
+        except ValueError:
+            raise TremulaError(f"Attention mask {ins[3].shape} does not broadcast to {q[:-1] + (k[-2],)}") from None
+    return [TensorType(q[:-1] + (v[-1],), ins[0].dtype)]
+
+
+def _attention_ref(xs, a):
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) > 3 else None
+    acc = np.float32 if q.dtype == np.float16 else q.dtype
+    s = np.matmul(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * acc(a["scale"])
+    if mask is not None:
+        s = s + mask.astype(acc)
+    if a.get("causal", 0):
+        sq, sk = s.shape[-2], s.shape[-1]
+        allowed = np.tril(np.ones((sq, sk), bool), k=sk - sq)
+        s = np.where(allowed, s, -np.inf)
+    p = _softmax(s, -1)
+    return [np.matmul(p, v.astype(acc)).astype(q.dtype)]
+
+
+def _attention_flops(ins, outs, a) -> int:
+    q, k, v = ins[0].shape, ins[1].shape, ins[2].shape
+    rows = int(np.prod(q[:-1]))
+    return 2 * rows * k[-2] * q[-1] + 2 * rows * k[-2] * v[-1] + 5 * rows * k[-2]
+
+
+_row(
+    "Attention",  # softmax(q @ k^T * scale + mask [, causal]) @ v over [..., S, D]; mask is additive
+    _attention_type,
+    _attention_ref,
+    _attention_flops,
+    (3, 4),
+)
+
+
+def _patchify_type(ins, a):
+    b, c, h, w = ins[0].shape
+    ph, pw = a["patch"]
+    gh, gw = h // ph, w // pw
+    return [TensorType((b, gh * gw, c * ph * pw), ins[0].dtype)]
+
+
+def _patchify_ref(xs, a):
+    # [B, C, H, W] -> [B, gh*gw, C*ph*pw], patches in row-major order, features in (C, ph, pw) order to match a
+    # Conv weight [O, C, ph, pw] flattened to [O, C*ph*pw]. Pixels past the last whole patch are dropped, as Conv does.
+    x = xs[0]
+    b, c, h, w = x.shape
+    ph, pw = a["patch"]
+    gh, gw = h // ph, w // pw
+    x = x[:, :, : gh * ph, : gw * pw].reshape(b, c, gh, ph, gw, pw).transpose(0, 2, 4, 1, 3, 5)
+    return [np.ascontiguousarray(x.reshape(b, gh * gw, c * ph * pw))]
+
+
+_row("Patchify", _patchify_type, _patchify_ref, _zero_flops, (1, 1))
+
+# ---------------------------------------------------------------------------------------------------- convolution
+
+
+def _conv_type(ins, a):
+    x, w = ins[0].shape, ins[1].shape
+    if len(x) != 4 or len(w) != 4:
+        raise TremulaError("Conv supports 2-D images only")
+    sh, sw = a.get("strides", (1, 1))
+    dh, dw = a.get("dilations", (1, 1))
+    pt, pl, pb, pr = a.get("pads", (0, 0, 0, 0))
+    g = a.get("group", 1)
+    if x[1] != w[1] * g:
+        raise TremulaError(f"Conv channels differ: input {x[1]}, weight {w[1]} x group {g}")
+    oh = (x[2] + pt + pb - dh * (w[2] - 1) - 1) // sh + 1
+    ow = (x[3] + pl + pr - dw * (w[3] - 1) - 1) // sw + 1
+    return [TensorType((x[0], w[0], oh, ow), ins[0].dtype)]
+
+
+def _conv_ref(xs, a):
+    x, w = xs[0], xs[1]
+    b = xs[2] if len(xs) > 2 else None
+    sh, sw = a.get("strides", (1, 1))
+    dh, dw = a.get("dilations", (1, 1))
+    pt, pl, pb, pr = a.get("pads", (0, 0, 0, 0))
+    g = a.get("group", 1)
+    acc = np.float32 if x.dtype == np.float16 else x.dtype
+    xp = np.pad(x.astype(acc), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    n, c, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    (out_t,) = _conv_type([TensorType(x.shape, "float32"), TensorType(w.shape, "float32")], a)
+    oh, ow = out_t.shape[2:]
+    y = np.zeros((n, o, oh, ow), acc)
+    og = o // g
+    for gi in range(g):
+        xg = xp[:, gi * cg : (gi + 1) * cg]
+        wg = w[gi * og : (gi + 1) * og].astype(acc)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xg[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+                y[:, gi * og : (gi + 1) * og] += np.einsum("nchw,oc->nohw", patch, wg[:, :, i, j])
+    if b is not None:
+        y += b.astype(acc)[None, :, None, None]
+    return [y.astype(x.dtype)]
+
+
+def _conv_flops(ins, outs, a) -> int:
+    o, cg, kh, kw = ins[1].shape
+    return 2 * outs[0].size * cg * kh * kw + (outs[0].size if len(ins) > 2 else 0)
+
+
+_row("Conv", _conv_type, _conv_ref, _conv_flops, (2, 3))
+
+# ---------------------------------------------------------------------------------------------------- data movement
+
+
+def _reshape_type(ins, a):
+    shape = tuple(a["shape"])
+    if int(np.prod(shape, dtype=np.int64)) != ins[0].size:
+        raise TremulaError(f"cannot reshape {ins[0].shape} to {shape}")
+    return [TensorType(shape, ins[0].dtype)]
+
+
+_row("Reshape", _reshape_type, lambda xs, a: [xs[0].reshape(a["shape"])], _zero_flops, (1, 1))
+
+
+def _transpose_type(ins, a):
+    perm = a.get("perm") or tuple(reversed(range(len(ins[0].shape))))
+    if sorted(perm) != list(range(len(ins[0].shape))):
+        raise TremulaError(f"Transpose perm {perm} does not match rank {len(ins[0].shape)}")
+    return [TensorType(tuple(ins[0].shape[p] for p in perm), ins[0].dtype)]
+
+
+_row(
+    "Transpose",
+    _transpose_type,
+    lambda xs, a: [np.ascontiguousarray(np.transpose(xs[0], a.get("perm") or None))],
+    _zero_flops,
+    (1, 1),
+)
+
+
+def _concat_type(ins, a):
+    axis = _norm_axis(a["axis"], len(ins[0].shape))
+    shape = list(ins[0].shape)
+    for t in ins[1:]:
+        if len(t.shape) != len(shape) or any(t.shape[i] != shape[i] for i in range(len(shape)) if i != axis):
+            raise TremulaError(f"Concat shapes disagree: {[t.shape for t in ins]}")
+    shape[axis] = sum(t.shape[axis] for t in ins)
+    return [TensorType(tuple(shape), ins[0].dtype)]
+
+
+_row("Concat", _concat_type, lambda xs, a: [np.concatenate(xs, axis=a["axis"])], _zero_flops, (1, 1 << 30))
+
+
+def _slices(shape: tuple[int, ...], a: Attrs) -> tuple[slice, ...]:
+    idx = [slice(None)] * len(shape)
+    steps = a.get("steps") or [1] * len(a["axes"])
+    for st, en, ax, sp in zip(a["starts"], a["ends"], a["axes"], steps):
+        ax = _norm_axis(ax, len(shape))
+        # Clamp like ONNX Slice: huge ends (INT64_MAX) mean "to the end".
+        idx[ax] = slice(*slice(int(st), int(en), int(sp)).indices(shape[ax]))
+    return tuple(idx)
+
+
+def _slice_type(ins, a):
+    dummy = np.empty(ins[0].shape, dtype=bool)
+    return [TensorType(dummy[_slices(ins[0].shape, a)].shape, ins[0].dtype)]
+
+
+_row(
+    "Slice",
+    _slice_type,
+    lambda xs, a: [np.ascontiguousarray(xs[0][_slices(xs[0].shape, a)])],
+    _zero_flops,
+    (1, 1),
+)
+
+
+def _split_type(ins, a):
+    axis = _norm_axis(a["axis"], len(ins[0].shape))
+    if sum(a["sizes"]) != ins[0].shape[axis]:
+        raise TremulaError(f"Split sizes {a['sizes']} do not sum to {ins[0].shape[axis]}")
+    return [TensorType(ins[0].shape[:axis] + (s,) + ins[0].shape[axis + 1 :], ins[0].dtype) for s in a["sizes"]]
+
+
+def _split_ref(xs, a):
+    cuts = np.cumsum(a["sizes"])[:-1]
+    return [np.ascontiguousarray(p) for p in np.split(xs[0], cuts, axis=a["axis"])]
+
+
+_row("Split", _split_type, _split_ref, _zero_flops, (1, 1))
+
+
+def _gather_type(ins, a):
+    data, idx = ins[0].shape, ins[1].shape
+    axis = _norm_axis(a.get("axis", 0), len(data))
+    return [TensorType(data[:axis] + idx + data[axis + 1 :], ins[0].dtype)]
+
+
+def _gather_ref(xs, a):
+    data, idx = xs
+    axis = a.get("axis", 0)
+    idx = np.where(idx < 0, idx + data.shape[axis], idx)
+    if np.any(idx < 0) or np.any(idx >= data.shape[axis]):
+        raise TremulaError(f"Gather index out of range [0, {data.shape[axis]})")
+    return [np.take(data, idx, axis=axis)]
+
+
+_row("Gather", _gather_type, _gather_ref, _zero_flops, (2, 2))
+
+
+def _expand_type(ins, a):
+    return [TensorType(tuple(np.broadcast_shapes(ins[0].shape, tuple(a["shape"]))), ins[0].dtype)]
+
+
+_row(
+    "Expand",
+    _expand_type,
+    lambda xs, a: [np.ascontiguousarray(np.broadcast_to(xs[0], np.broadcast_shapes(xs[0].shape, tuple(a["shape"]))))],
+    _zero_flops,
+    (1, 1),
+)
+
+# ---------------------------------------------------------------------------------------------------- shape arithmetic
+# These only make sense on constants; folding removes them. They are rows so that folding runs one interpreter.
+
+_row(
+    "Shape",
+    lambda ins, a: [TensorType((len(ins[0].shape[a.get("start", 0) : a.get("end")]),), "int64")],
+    lambda xs, a: [np.array(xs[0].shape[a.get("start", 0) : a.get("end")], dtype=np.int64)],
+    _zero_flops,
+    (1, 1),
+    host_only=True,
+)
+
+
+def _range_ref(xs, a):
+    start, limit, delta = (x.item() for x in xs)
+    return [np.arange(start, limit, delta, dtype=xs[0].dtype)]
+
+
+_row(
+    "Range",
+    lambda ins, a: [TensorType((a["length"],), ins[0].dtype)],
+    _range_ref,
+    _zero_flops,
+    (3, 3),
+    host_only=True,
+)
+
+_row(
+    "Trilu",  # lower (upper=0) or upper triangle of the last two axes, with diagonal offset k
+    _same,
+    lambda xs, a: [(np.triu if a.get("upper", 1) else np.tril)(xs[0], a.get("k", 0))],
+    _zero_flops,
+    (1, 1),
+)
+
+_row(
+    "CumSum",
+    _same,
+    lambda xs, a: [np.cumsum(xs[0], axis=a["axis"]).astype(xs[0].dtype)],
+    _per_output(1),
+    (1, 1),
+)
+
+
+def infer(op: str, ins: list[TensorType | None], attrs: Attrs) -> list[TensorType]:
+    r = rule(op)
+    lo, hi = r.n_inputs
+    if not lo <= len(ins) <= hi:
+        raise TremulaError(f"{op} takes {lo}..{hi} inputs, got {len(ins)}")
+    return r.infer(ins, attrs)  # type: ignore[arg-type]
+
+
+def flops(op: str, ins: list[TensorType], outs: list[TensorType], attrs: Attrs) -> int:
+    return int(rule(op).flops(ins, outs, attrs))

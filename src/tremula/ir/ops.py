@@ -73,7 +73,10 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add,
     "Sub": np.subtract,
     "Mul": np.multiply,
-    "Div": lambda x, y: (x // y) if np.issubdtype(x.dtype, np.integer) else np.divide(x, y),
+    # Integer Div truncates toward zero, as in ONNX (C semantics), not floor like Python's //.
+    "Div": lambda x, y: (
+        (np.abs(x) // np.abs(y)) * np.sign(x) * np.sign(y) if np.issubdtype(x.dtype, np.integer) else np.divide(x, y)
+    ),
     "Pow": lambda x, y: np.power(x, y).astype(x.dtype),
     "Max": np.maximum,
     "Min": np.minimum,
@@ -274,7 +277,7 @@ def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     if approximate == "tanh":
         y = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
     else:
-        y = 0.5 * x64 * (1.0 + _erf(x64))
+        y = 0.5 * x64 * (1.0 + _erf(x64 / math.sqrt(2.0)))
     return y.astype(x.dtype)
 
 
@@ -296,8 +299,8 @@ def _attention_type(ins, a):
 def _attention_ref(xs, a):
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) > 3 else None
-    acc = np.float32 if q.dtype == np.float16 else q.dtype
-    s = np.matmul(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * acc(a["scale"])
+    acc = np.dtype(np.float32) if q.dtype == np.float16 else q.dtype
+    s = np.matmul(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * np.asarray(a["scale"], acc)
     if mask is not None:
         s = s + mask.astype(acc)
     if a.get("causal", 0):

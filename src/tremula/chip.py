@@ -1,0 +1,419 @@
+"""The Chip: a frozen, validated description of one tile machine, loaded from a TOML file with a source per value."""
+
+from __future__ import annotations
+
+import functools
+import math
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tremula.errors import TremulaError
+
+ARCHS = ("ipu1", "ipu2", "ipu21")
+_RELEASE_ORDER = ("mk1", "mk2", "bow", "c600")
+
+# Element-type spellings accepted by the cost model; the AMP and vector tables are keyed by the short names.
+_DTYPE_ALIASES = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16",
+    "fp8": "fp8", "float8": "fp8", "quarter": "fp8", "f143": "fp8", "f152": "fp8",
+    "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+}
+
+# The AMP pair the vendor's peak figure refers to, per input type (fp16 peaks are quoted for half->half).
+_PEAK_PAIR = {"fp32": "fp32_fp32", "fp16": "fp16_fp16", "fp8": "fp8_fp16"}
+
+
+def normalize_dtype(dtype: str) -> str:
+    """'float16' / 'half' / 'fp16' -> 'fp16' (likewise fp32, fp8); anything else is a TremulaError."""
+    key = str(dtype).lower()
+    if key not in _DTYPE_ALIASES:
+        raise TremulaError(f"unknown element type {dtype!r} for the cost model (use fp32, fp16 or fp8)")
+    return _DTYPE_ALIASES[key]
+
+
+@dataclass(frozen=True)
+class AmpPair:
+    """One AMP (accumulating matrix product) configuration: input type -> accumulator type.
+
+    MAC/cycle/tile = conv_units * weights_per_conv_unit / core_loop_worker_cycles (6 workers each issue once per 6
+    tile cycles, so worker and tile rates cancel). The rest are the ConvPartial1x1 vertex's overheads (see cost.py).
+    """
+
+    in_dtype: str
+    acc_dtype: str
+    macs_per_cycle_per_tile: int
+    conv_units: int
+    weights_per_conv_unit: int
+    core_loop_worker_cycles: int
+    supervisor_cycles: int
+    out_group_cycles: int
+    in_group_cycles: int
+    pass_cycles: int
+    worker_base_cycles: int
+    worker_cycles_1_row: int
+    worker_cycles_2_rows: int
+    zero_worker_cycles_per_row: int
+    worker_delta_cycles_without_zeroing: int
+    retention_worker_savings_cycles: int
+    retention_supervisor_cycles_per_input_group: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.in_dtype}_{self.acc_dtype}"
+
+
+@dataclass(frozen=True)
+class VectorOp:
+    """Cost of one element-wise codelet's inner loop: cycles per loop and elements per loop, per element type."""
+
+    name: str
+    fp16_cycles_per_loop: int
+    fp16_elems_per_loop: int
+    fp32_cycles_per_loop: int
+    fp32_elems_per_loop: int
+
+
+@dataclass(frozen=True)
+class Chip:
+    """Every hardware constant of one chip. Frozen and hashable, so planners may cache on it."""
+
+    name: str
+    arch: str
+    description: str
+    source_path: str
+    tiles: int
+    sram_bytes_per_tile: int
+    clock_hz: float
+    workers_per_tile: int
+    data_path_bytes: int
+    local_load_bytes_per_cycle: int
+    memory_element_bytes: int
+    non_interleaved_bytes_per_tile: int
+    exchange_send_bytes_per_cycle_per_tile: int
+    exchange_recv_bytes_per_cycle_per_tile: int
+    tiles_per_shared_exchange_bus: int
+    exchange_fixed_cycles: int
+    sync_cycles: int
+    host_bytes_per_second: float
+    chip_link_bytes_per_second: float
+    amp_coeff_load_bytes_per_cycle: int
+    amp_worker_tag_cycles: int
+    amp: tuple[AmpPair, ...]
+    vector_supervisor_cycles: int
+    vector_fp16_worker_cycles: int
+    vector_fp32_worker_cycles: int
+    vector_fp16_flops_per_cycle_per_tile: int
+    vector_fp32_flops_per_cycle_per_tile: int
+    vector_ops: tuple[VectorOp, ...]
+    reduce_supervisor_cycles: int
+    reduce_worker_cycles: int
+    reduce_per_output_cycles: int
+    reduce_cycles_per_loop: int
+    reduce_fp16_accumulator_elems: int
+    reduce_fp32_accumulator_elems: int
+
+    # ---- lookups -------------------------------------------------------------------------------------------------
+    def amp_pair(self, in_dtype: str, acc_dtype: str) -> AmpPair:
+        key = f"{normalize_dtype(in_dtype)}_{normalize_dtype(acc_dtype)}"
+        for pair in self.amp:
+            if pair.key == key:
+                return pair
+        known = ", ".join(p.key.replace("_", "->") for p in self.amp)
+        raise TremulaError(f"chip {self.name} has no AMP path {key.replace('_', '->')} (it has: {known})")
+
+    def vector_op(self, op_kind: str) -> VectorOp:
+        for op in self.vector_ops:
+            if op.name == op_kind:
+                return op
+        known = ", ".join(op.name for op in self.vector_ops)
+        raise TremulaError(f"chip {self.name} has no vector cost for op {op_kind!r} (known: {known})")
+
+    # ---- derived properties --------------------------------------------------------------------------------------
+    def supports(self, dtype: str) -> bool:
+        """True when the chip's AMP takes this input type (fp8 only on ipu21)."""
+        d = normalize_dtype(dtype)
+        return any(p.in_dtype == d for p in self.amp)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Matmul peak FLOP/s = 2 x MAC/cycle/tile x tiles x clock, using the pair the vendor quotes for that input."""
+        d = normalize_dtype(dtype)
+        if not self.supports(d):
+            raise TremulaError(f"chip {self.name} has no {d} matmul unit (choose another --dtype or chip)")
+        quoted = [p for p in self.amp if p.key == _PEAK_PAIR[d]]
+        # A user chip without the quoted pair still has a peak: its fastest path for that input type.
+        same_input = [p for p in self.amp if p.in_dtype == d]
+        pair = quoted[0] if quoted else max(same_input, key=lambda p: p.macs_per_cycle_per_tile)
+        return 2.0 * pair.macs_per_cycle_per_tile * self.tiles * self.clock_hz
+
+    @property
+    def total_sram_bytes(self) -> int:
+        return self.tiles * self.sram_bytes_per_tile
+
+    @property
+    def exchange_bytes_per_second_per_tile(self) -> float:
+        return self.exchange_send_bytes_per_cycle_per_tile * self.clock_hz
+
+    @property
+    def memory_elements_per_tile(self) -> int:
+        return self.sram_bytes_per_tile // self.memory_element_bytes
+
+
+# ---- loading ------------------------------------------------------------------------------------------------------
+
+
+def builtin_chip_names() -> list[str]:
+    """Names of the chip files shipped with tremula: mk1, mk2, bow, c600."""
+    folder = resources.files("tremula") / "chips"
+    names = [p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml")]
+    # Generations in release order first (for the `tremula chips` table), then anything else alphabetically.
+    return sorted(names, key=lambda n: (_RELEASE_ORDER.index(n) if n in _RELEASE_ORDER else len(_RELEASE_ORDER), n))
+
+
+def load_chip(name_or_path: str) -> Chip:
+    """A built-in chip by name (mk1, mk2, bow, c600; any case) or a user chip from a path to a TOML file."""
+    spec = str(name_or_path)
+    looks_like_path = spec.endswith(".toml") or "/" in spec or "\\" in spec
+    if not looks_like_path:
+        names = builtin_chip_names()
+        if spec.lower() in names:
+            return _load_builtin(spec.lower())
+        if not Path(spec).is_file():
+            raise TremulaError(f"unknown chip {spec!r} (built-in chips: {', '.join(names)}; or give a path to a .toml)")
+    path = Path(spec)
+    if not path.is_file():
+        raise TremulaError(f"chip file {spec} does not exist (give a built-in name: {', '.join(builtin_chip_names())})")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TremulaError(f"chip file {spec} cannot be read: {e}") from None
+    return _parse(text, spec)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_builtin(key: str) -> Chip:
+    # Shipped files never change while running, and the Chip is frozen, so planners may call load_chip freely.
+    res = resources.files("tremula") / "chips" / f"{key}.toml"
+    return _parse(res.read_text(encoding="utf-8"), f"{key}.toml")
+
+
+def _parse(text: str, where: str) -> Chip:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TremulaError(f"chip file {where} is not valid TOML: {e}") from None
+    r = _Reader(data, where)
+    amp_table = r.table("amp")
+    pairs = []
+    for key in sorted(k for k, v in amp_table.items() if isinstance(v, dict)):
+        pairs.append(_amp_pair(r, key))
+    if not pairs:
+        raise TremulaError(f"chip file {where}: table 'amp' has no dtype pair (add e.g. [amp.fp16_fp16])")
+    ops = tuple(_vector_op(r, name) for name in sorted(r.table("vector.ops")))
+    chip = Chip(
+        name=r.string("name"),
+        arch=r.choice("arch", ARCHS),
+        description=r.string("description"),
+        source_path=where,
+        tiles=r.pos_int("tiles"),
+        sram_bytes_per_tile=r.pos_int("sram_bytes_per_tile"),
+        clock_hz=r.pos_float("clock_hz"),
+        workers_per_tile=r.pos_int("workers_per_tile"),
+        data_path_bytes=r.pos_int("data_path_bytes"),
+        local_load_bytes_per_cycle=r.pos_int("local_load_bytes_per_cycle"),
+        memory_element_bytes=r.pos_int("memory_element_bytes"),
+        non_interleaved_bytes_per_tile=r.pos_int("non_interleaved_bytes_per_tile"),
+        exchange_send_bytes_per_cycle_per_tile=r.pos_int("exchange_send_bytes_per_cycle_per_tile"),
+        exchange_recv_bytes_per_cycle_per_tile=r.pos_int("exchange_recv_bytes_per_cycle_per_tile"),
+        tiles_per_shared_exchange_bus=r.pos_int("tiles_per_shared_exchange_bus"),
+        exchange_fixed_cycles=r.nonneg_int("exchange_fixed_cycles"),
+        sync_cycles=r.nonneg_int("sync_cycles"),
+        host_bytes_per_second=r.pos_float("host_bytes_per_second"),
+        chip_link_bytes_per_second=r.pos_float("chip_link_bytes_per_second"),
+        amp_coeff_load_bytes_per_cycle=r.pos_int("amp.coeff_load_bytes_per_cycle"),
+        amp_worker_tag_cycles=r.nonneg_int("amp.worker_tag_cycles"),
+        amp=tuple(pairs),
+        vector_supervisor_cycles=r.nonneg_int("vector.supervisor_cycles"),
+        vector_fp16_worker_cycles=r.nonneg_int("vector.fp16_worker_cycles"),
+        vector_fp32_worker_cycles=r.nonneg_int("vector.fp32_worker_cycles"),
+        vector_fp16_flops_per_cycle_per_tile=r.pos_int("vector.fp16_flops_per_cycle_per_tile"),
+        vector_fp32_flops_per_cycle_per_tile=r.pos_int("vector.fp32_flops_per_cycle_per_tile"),
+        vector_ops=ops,
+        reduce_supervisor_cycles=r.nonneg_int("reduce.supervisor_cycles"),
+        reduce_worker_cycles=r.nonneg_int("reduce.worker_cycles"),
+        reduce_per_output_cycles=r.nonneg_int("reduce.per_output_cycles"),
+        reduce_cycles_per_loop=r.pos_int("reduce.cycles_per_loop"),
+        reduce_fp16_accumulator_elems=r.pos_int("reduce.fp16_accumulator_elems"),
+        reduce_fp32_accumulator_elems=r.pos_int("reduce.fp32_accumulator_elems"),
+    )
+    r.check_no_unknown_keys()
+    _check_consistency(chip, where)
+    return chip
+
+
+def _amp_pair(r: _Reader, key: str) -> AmpPair:
+    parts = key.split("_")
+    if len(parts) != 2 or any(p not in ("fp32", "fp16", "fp8") for p in parts):
+        raise TremulaError(f"chip file {r.where}: amp table {key!r} must be named input_accumulator, e.g. fp16_fp32")
+    p = f"amp.{key}."
+    return AmpPair(
+        in_dtype=parts[0],
+        acc_dtype=parts[1],
+        macs_per_cycle_per_tile=r.pos_int(p + "macs_per_cycle_per_tile"),
+        conv_units=r.pos_int(p + "conv_units"),
+        weights_per_conv_unit=r.pos_int(p + "weights_per_conv_unit"),
+        core_loop_worker_cycles=r.pos_int(p + "core_loop_worker_cycles"),
+        supervisor_cycles=r.nonneg_int(p + "supervisor_cycles"),
+        out_group_cycles=r.nonneg_int(p + "out_group_cycles"),
+        in_group_cycles=r.nonneg_int(p + "in_group_cycles"),
+        pass_cycles=r.nonneg_int(p + "pass_cycles"),
+        worker_base_cycles=r.pos_int(p + "worker_base_cycles"),
+        worker_cycles_1_row=r.pos_int(p + "worker_cycles_1_row"),
+        worker_cycles_2_rows=r.pos_int(p + "worker_cycles_2_rows"),
+        zero_worker_cycles_per_row=r.nonneg_int(p + "zero_worker_cycles_per_row"),
+        worker_delta_cycles_without_zeroing=r.integer(p + "worker_delta_cycles_without_zeroing"),
+        retention_worker_savings_cycles=r.nonneg_int(p + "retention_worker_savings_cycles"),
+        retention_supervisor_cycles_per_input_group=r.nonneg_int(p + "retention_supervisor_cycles_per_input_group"),
+    )
+
+
+def _vector_op(r: _Reader, name: str) -> VectorOp:
+    p = f"vector.ops.{name}."
+    return VectorOp(
+        name=name,
+        fp16_cycles_per_loop=r.pos_int(p + "fp16_cycles_per_loop"),
+        fp16_elems_per_loop=r.pos_int(p + "fp16_elems_per_loop"),
+        fp32_cycles_per_loop=r.pos_int(p + "fp32_cycles_per_loop"),
+        fp32_elems_per_loop=r.pos_int(p + "fp32_elems_per_loop"),
+    )
+
+
+def _check_consistency(chip: Chip, where: str) -> None:
+    """Relations between fields that a typo would break; each message names the field to fix."""
+    if chip.sram_bytes_per_tile % chip.memory_element_bytes:
+        raise TremulaError(f"chip file {where}: field 'memory_element_bytes' must divide sram_bytes_per_tile")
+    if chip.non_interleaved_bytes_per_tile > chip.sram_bytes_per_tile:
+        raise TremulaError(f"chip file {where}: field 'non_interleaved_bytes_per_tile' exceeds sram_bytes_per_tile")
+    for p in chip.amp:
+        if p.macs_per_cycle_per_tile * p.core_loop_worker_cycles != p.conv_units * p.weights_per_conv_unit:
+            raise TremulaError(
+                f"chip file {where}: field 'amp.{p.key}.macs_per_cycle_per_tile' ({p.macs_per_cycle_per_tile})"
+                f" must equal"
+                f" conv_units x weights_per_conv_unit / core_loop_worker_cycles"
+                f" ({p.conv_units * p.weights_per_conv_unit / p.core_loop_worker_cycles:g})"
+            )
+
+
+class _Reader:
+    """Typed access to dotted keys of a parsed TOML document; every error names the file and the field."""
+
+    def __init__(self, data: dict[str, Any], where: str) -> None:
+        self.data = data
+        self.where = where
+        self.used: set[str] = set()
+
+    def _get(self, dotted: str) -> Any:
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise TremulaError(f"chip file {self.where}: field '{dotted}' is missing")
+            node = node[part]
+        self.used.add(dotted)
+        return node
+
+    def _fail(self, dotted: str, what: str, value: Any) -> TremulaError:
+        return TremulaError(f"chip file {self.where}: field '{dotted}' must be {what}, got {value!r}")
+
+    def table(self, dotted: str) -> dict[str, Any]:
+        v = self._get(dotted)
+        if not isinstance(v, dict):
+            raise self._fail(dotted, "a table", v)
+        return {k: x for k, x in v.items() if not k.endswith("_source")}
+
+    def string(self, dotted: str) -> str:
+        v = self._get(dotted)
+        if not isinstance(v, str) or not v.strip():
+            raise self._fail(dotted, "a non-empty string", v)
+        return v
+
+    def choice(self, dotted: str, options: tuple[str, ...]) -> str:
+        v = self.string(dotted)
+        if v not in options:
+            raise self._fail(dotted, f"one of {', '.join(options)}", v)
+        return v
+
+    def integer(self, dotted: str) -> int:
+        v = self._get(dotted)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self._fail(dotted, "an integer", v)
+        return v
+
+    def pos_int(self, dotted: str) -> int:
+        v = self.integer(dotted)
+        if v <= 0:
+            raise self._fail(dotted, "a positive integer", v)
+        return v
+
+    def nonneg_int(self, dotted: str) -> int:
+        v = self.integer(dotted)
+        if v < 0:
+            raise self._fail(dotted, "a non-negative integer", v)
+        return v
+
+    def pos_float(self, dotted: str) -> float:
+        v = self._get(dotted)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise self._fail(dotted, "a positive number", v)
+        return float(v)
+
+    def check_no_unknown_keys(self) -> None:
+        """A misspelt key would otherwise be ignored silently and its default never noticed."""
+        for dotted in _leaf_keys(self.data):
+            if dotted.endswith("_source"):
+                continue
+            if dotted not in self.used:
+                raise TremulaError(f"chip file {self.where}: unknown field '{dotted}' (check its spelling)")
+
+
+def _leaf_keys(node: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in node.items():
+        dotted = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.extend(_leaf_keys(v, dotted + "."))
+        else:
+            out.append(dotted)
+    return out
+
+
+# ---- the `tremula chips` table ------------------------------------------------------------------------------------
+
+
+def chip_rows(chips: list[Chip]) -> list[dict[str, str]]:
+    """One display row per chip: sizes, clock, matmul peaks ('-' where the chip lacks the type), bandwidths."""
+    rows = []
+    for c in chips:
+
+        def peak(d: str, c: Chip = c) -> str:
+            return f"{c.peak_flops(d) / 1e12:.1f}" if c.supports(d) else "-"
+
+        rows.append(
+            {
+                "name": c.name,
+                "arch": c.arch,
+                "tiles": str(c.tiles),
+                "SRAM/tile KiB": f"{c.sram_bytes_per_tile / 1024:g}",
+                "SRAM MiB": f"{c.total_sram_bytes / 2**20:.1f}",
+                "clock GHz": f"{c.clock_hz / 1e9:.3f}",
+                "FP32 TFLOP/s": peak("fp32"),
+                "FP16 TFLOP/s": peak("fp16"),
+                "FP8 TFLOP/s": peak("fp8"),
+                "exchange GB/s/tile": f"{c.exchange_bytes_per_second_per_tile / 1e9:.2f}",
+                "host GB/s": f"{c.host_bytes_per_second / 1e9:.1f}",
+            }
+        )
+    return rows
+

@@ -160,7 +160,8 @@ class Graph:
         return out
 
     def param_count(self) -> int:
-        return sum(c.type.size for c in self.constants.values() if c.type.dtype.startswith("float"))
+        """Float constants of rank >= 1: the weights (helper scalars such as a mask's fill value are not parameters)."""
+        return sum(c.type.size for c in self.constants.values() if c.type.dtype.startswith("float") and c.type.shape)
 
     def param_bytes(self) -> int:
         return sum(c.type.nbytes for c in self.constants.values())

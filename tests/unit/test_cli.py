@@ -1,0 +1,109 @@
+"""The command line as a user meets it: bad input gives one line on stderr and a non-zero exit, never a traceback."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+TREMULA = [sys.executable, "-m", "tremula"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(TREMULA + list(args), capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None:
+    assert p.returncode != 0, p.stdout
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def _tiny_onnx(path, op="Relu", domain=""):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node(op, ["x"], ["y"], domain=domain)]
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=opsets), path)
+
+
+def test_help_and_chips_table():
+    p = run_cli("--help")
+    assert p.returncode == 0 and "inspect" in p.stdout
+    p = run_cli("chips", "--json")
+    assert p.returncode == 0
+    rows = json.loads(p.stdout)
+    assert {r["name"] for r in rows} >= {"mk1", "mk2", "bow", "c600"}
+
+
+def test_inspect_zoo_model_json():
+    p = run_cli("inspect", "vit-tiny", "--json", "--batch", "2")
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout)
+    assert info["inputs"][0][1].startswith("float32[2,")
+    assert info["flops"] > 0 and sum(r["flops"] for r in info["ops"]) == info["flops"]
+
+
+def test_missing_file(tmp_path):
+    assert_one_line_error(run_cli("inspect", str(tmp_path / "nope.onnx")), "nope.onnx")
+
+
+def test_unknown_zoo_name():
+    assert_one_line_error(run_cli("inspect", "not-a-model"), "not-a-model")
+
+
+def test_garbage_and_truncated_onnx(tmp_path):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    assert_one_line_error(run_cli("inspect", str(garbage)), "garbage.onnx")
+    good = tmp_path / "good.onnx"
+    _tiny_onnx(good)
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
+    assert_one_line_error(run_cli("inspect", str(truncated)), "truncated.onnx")
+
+
+def test_unsupported_ops_are_listed_together(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("Hardmax", ["x"], ["y"]), helper.make_node("Celu", ["y"], ["z"])]
+    path = tmp_path / "unsupported.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [z]), opset_imports=[helper.make_opsetid("", 17)]),
+              path)
+    assert_one_line_error(run_cli("inspect", str(path)), "Hardmax", "Celu")
+
+
+def test_external_data_outside_folder(tmp_path):
+    inner = tmp_path / "model"
+    inner.mkdir()
+    (tmp_path / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1, 4])
+    w.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", "../secret.bin"), ("offset", "0"), ("length", "16")):
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x], [y], initializer=[w])
+    path = inner / "escape.onnx"
+    with open(path, "wb") as f:
+        f.write(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    assert_one_line_error(run_cli("inspect", str(path)))
+
+
+@pytest.mark.parametrize("content", ["tiles = [", "name = 'x'\n", "garbage\x00"])
+def test_invalid_chip_file(tmp_path, content):
+    from tremula.chip import load_chip
+    from tremula.errors import TremulaError
+
+    path = tmp_path / "chip.toml"
+    path.write_text(content)
+    with pytest.raises(TremulaError) as e:
+        load_chip(str(path))
+    assert "\n" not in str(e.value)

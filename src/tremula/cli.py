@@ -117,6 +117,118 @@ def inspect_cmd(
     out.print(table)
 
 
+class _Bar:
+    """Adapts the pipeline's progress(label, done, total) callback to one rich progress bar per label."""
+
+    def __init__(self, enabled: bool):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=err, transient=True, disable=not enabled)
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if label not in self.tasks:
+            self.tasks[label] = self.progress.add_task(label, total=total)
+        self.progress.update(self.tasks[label], completed=done, total=total)
+
+
+def _batch_arg(batch: str) -> int | str:
+    if batch == "auto":
+        return "auto"
+    if not batch.isdigit() or int(batch) < 1:
+        raise TremulaError(f"--batch must be a positive integer or 'auto' (got {batch!r})")
+    return int(batch)
+
+
+def _summary_rows(res, chip) -> list[tuple[str, str]]:
+    seconds = res.cycles / chip.clock_hz
+    mem = res.memory_by_category
+    rows = [
+        ("chip", f"{chip.name} ({chip.tiles} tiles x {human_bytes(chip.sram_bytes_per_tile)})"),
+        ("batch / dtype", f"{res.batch} / {res.dtype}"),
+        ("fits", "yes" if res.fits else "NO"),
+        ("fullest tile", f"tile {res.fullest_tile}: {human_bytes(res.peak_tile_bytes)} of "
+                         f"{human_bytes(chip.sram_bytes_per_tile)} "
+                         f"({100 * res.peak_tile_bytes / chip.sram_bytes_per_tile:.1f} %) at step {res.peak_step}"),
+        ("  by category", ", ".join(f"{k} {human_bytes(v)}" for k, v in mem.items() if v)),
+        ("steps", str(res.steps)),
+        ("cycles / forward", f"{res.cycles:,} (compute {res.compute_cycles:,}, exchange {res.exchange_cycles:,}, "
+                             f"sync {res.sync_cycles:,})"),
+        ("latency", f"{seconds * 1e3:.3f} ms per batch"),
+        ("throughput", f"{res.batch / seconds:,.1f} samples/s" if seconds > 0 else "-"),
+        ("compile time", f"{res.seconds:.1f} s"),
+    ]
+    return rows
+
+
+@app.command("compile")
+def compile_cmd(
+    model: str = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name."),
+    chip: str = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file."),
+    batch: str = typer.Option("1", "--batch", help="Batch size, or 'auto' for the largest that fits."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or fp16."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the Program to this file."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Plan every tensor onto tiles, lower to a BSP program, and report memory and estimated cycles."""
+    from tremula.chip import load_chip
+    from tremula.compiler import compile_model
+    from tremula.program import save_program
+
+    c = load_chip(chip)
+    with _Bar(not json_out) as bar:
+        res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar)
+    if output:
+        save_program(res.program, output)
+    if json_out:
+        out.print_json(json.dumps({"model": model, "chip": c.name, "seconds": res.seconds, **res.summary()}))
+        return
+    out.print(f"[bold]{model}[/bold] on {c.name}")
+    for k, v in _summary_rows(res, c):
+        out.print(f"  {k:17} {v}", soft_wrap=True)
+    if output:
+        out.print(f"  program written to {output}")
+
+
+@app.command("check")
+def check_cmd(
+    model: str = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name."),
+    chip: str = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file."),
+    batch: str = typer.Option("1", "--batch", help="Batch size, or 'auto'."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or fp16."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Compile, run the Program in the functional simulator, and compare every output with the reference."""
+    from tremula.chip import load_chip
+    from tremula.compiler import check_model
+
+    c = load_chip(chip)
+    with _Bar(not json_out) as bar:
+        res = check_model(model, c, _batch_arg(batch), dtype, seq_len, seed=seed, progress=bar)
+    if json_out:
+        out.print_json(json.dumps({"model": model, "chip": c.name, "passed": res.passed,
+                                   "outputs": [o.__dict__ for o in res.outputs], **res.compile.summary()}))
+    else:
+        out.print(f"[bold]{model}[/bold] on {c.name}, batch {res.compile.batch}, {res.compile.dtype}")
+        for o in res.outputs:
+            op = "<=" if o.metric == "max_rel_err" else ">="
+            mark = "ok" if o.passed else "FAIL"
+            out.print(f"  {o.name:24} {o.metric} {o.value:.3e} (needs {op} {o.threshold:g})  {mark}")
+    if not res.passed:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point: flag errors are reported by the CLI library (exit 2); user errors become one line on stderr."""
     try:

@@ -1,0 +1,146 @@
+"""Constant folding (including host-only shape arithmetic) and the local simplifications that expose fusions.
+
+Lazy weights are never materialised here. A node reading a lazy constant is folded only when its result needs no
+values: Identity (the output becomes another name for the same lazy constant) and Shape (the type alone answers).
+Anything else on a lazy weight (a Transpose, a Cast, ...) stays a node: a LazyInit describes a seeded draw, not a
+transformed one, so folding would have to allocate the weight — exactly what lazy weights exist to avoid when planning
+a 400M-parameter model. Those nodes are cheap to keep; the planner sees them as weight preprocessing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tremula.ir.graph import Constant, Graph, Node
+from tremula.ir.interp import infer_types
+from tremula.ir.ops import infer, rule
+
+# Folding replaces a node by its result; a node that *broadcasts* small constants into a huge one (Expand, Where) is
+# better left as a node than stored as a weight. Host-only ops are always folded: they cannot run on the chip.
+MAX_FOLDED_ELEMENTS = 1 << 24
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """A new graph where every node computable at compile time is a Constant and trivial nodes are gone."""
+    return _Folder(graph).run()
+
+
+class _Folder:
+    def __init__(self, graph: Graph):
+        self.g = graph.copy()
+        self.outputs = set(self.g.outputs)
+        self.subst: dict[str, str] = {}  # value -> the value that replaces it (aliases of removed nodes)
+        self.made: dict[str, Node] = {}  # value -> kept node producing it
+        self.kept: list[Node] = []
+
+    def run(self) -> Graph:
+        for node in self.g.nodes:
+            node.inputs = [self.subst.get(i, i) for i in node.inputs]
+            if self._fold(node):
+                continue
+            node = self._simplify(node)
+            if node is None:
+                continue
+            self.kept.append(node)
+            self.made.update({o: node for o in node.outputs})
+        self.g.nodes = self.kept
+        return infer_types(self.g)
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+
+    def _fold(self, node: Node) -> bool:
+        r = rule(node.op)
+        ins = [i for i in node.inputs if i]
+        if node.op == "Shape":  # shapes are static, so Shape of anything is known
+            shape = np.array(self.g.types[ins[0]].shape, np.int64)
+            self._set_const(node, [shape[node.attrs.get("start", 0) : node.attrs.get("end")]])
+            return True
+        consts = [self.g.constants.get(i) for i in ins]
+        if any(c is None for c in consts):
+            return False
+        if node.op == "Identity" and self._alias(node.outputs[0], ins[0]):
+            return True
+        if any(c.is_lazy for c in consts):  # type: ignore[union-attr]
+            return False
+        in_types = [self.g.types[i] if i else None for i in node.inputs]
+        while in_types and in_types[-1] is None:  # trailing omitted optional inputs
+            in_types.pop()
+        out_types = infer(node.op, in_types, node.attrs)
+        in_size = sum(c.type.size for c in consts)  # type: ignore[union-attr]
+        if not r.host_only and sum(t.size for t in out_types) > max(MAX_FOLDED_ELEMENTS, in_size):
+            return False
+        args = [self.g.constants[i].value() if i else None for i in node.inputs]
+        while args and args[-1] is None:
+            args.pop()
+        vals = r.ref(args, node.attrs)
+        self._set_const(node, [np.asarray(v).astype(t.dtype).reshape(t.shape) for v, t in zip(vals, out_types)])
+        return True
+
+    def _set_const(self, node: Node, values: list[np.ndarray]) -> None:
+        for name, v in zip(node.outputs, values):
+            c = Constant.of(name, np.ascontiguousarray(v))
+            self.g.constants[name] = c
+            self.g.types[name] = c.type
+
+    # ------------------------------------------------------------------------------------------------ simplification
+
+    def _simplify(self, node: Node) -> Node | None:
+        """The node to keep (possibly rewritten), or None if it became an alias of its input."""
+        op, a = node.op, node.attrs
+        if not node.inputs or not node.inputs[0]:
+            return node
+        x = node.inputs[0]
+        tx = self.g.types[x]
+        if op == "Reshape":
+            inner = self.made.get(x)
+            if inner is not None and inner.op == "Reshape":  # Reshape(Reshape(y)) == Reshape(y)
+                node.inputs = [inner.inputs[0]]
+                x, tx = node.inputs[0], self.g.types[node.inputs[0]]
+            same = tuple(a["shape"]) == tx.shape
+        elif op == "Transpose":
+            perm = list(a.get("perm") or reversed(range(len(tx.shape))))
+            inner = self.made.get(x)
+            if inner is not None and inner.op == "Transpose":  # two transposes compose into one
+                p1 = list(inner.attrs.get("perm") or reversed(range(len(self.g.types[inner.inputs[0]].shape))))
+                perm = [p1[p] for p in perm]
+                node.inputs = [inner.inputs[0]]
+                node.attrs = {**a, "perm": tuple(perm)}
+                x = node.inputs[0]
+            same = perm == list(range(len(perm)))
+        elif op in ("Identity",):
+            same = True
+        elif op == "Cast":
+            same = a["to"] == tx.dtype
+        elif op == "Expand":
+            same = tuple(np.broadcast_shapes(tx.shape, tuple(a["shape"]))) == tx.shape
+        elif op == "Concat":
+            same = len([i for i in node.inputs if i]) == 1
+        elif op == "Slice":
+            same = self.g.types[node.outputs[0]].shape == tx.shape and all(s > 0 for s in (a.get("steps") or [1]))
+        else:
+            return node
+        if same and self._alias(node.outputs[0], x):
+            return None
+        return node
+
+    def _alias(self, old: str, new: str) -> bool:
+        """Make `old` another name for `new`. A graph output keeps its name: the producer of `new` is renamed."""
+        if old not in self.outputs:
+            self.subst[old] = new
+            return True
+        c = self.g.constants.get(new)
+        if c is not None:  # the output is this constant under its public name (sharing data or lazy init)
+            self.g.constants[old] = Constant(old, c.type, data=c.data, init=c.init)
+            self.g.types[old] = c.type
+            return True
+        p = self.made.get(new)
+        if p is None or new in self.outputs or new in self.g.inputs:
+            return False  # an input passed straight through, or two outputs with one value: keep the node
+        p.outputs = [old if o == new else o for o in p.outputs]
+        for n in self.kept:
+            n.inputs = [old if i == new else i for i in n.inputs]
+        self.subst = {k: (old if v == new else v) for k, v in self.subst.items()}
+        self.subst[new] = old
+        self.made[old] = p
+        self.g.types[old] = self.g.types[new]
+        return True

@@ -445,8 +445,9 @@ def _slices(shape: tuple[int, ...], a: Attrs) -> tuple[slice, ...]:
     steps = a.get("steps") or [1] * len(a["axes"])
     for st, en, ax, sp in zip(a["starts"], a["ends"], a["axes"], steps):
         ax = _norm_axis(ax, len(shape))
-        # Clamp like ONNX Slice: huge ends (INT64_MAX) mean "to the end".
-        idx[ax] = slice(*slice(int(st), int(en), int(sp)).indices(shape[ax]))
+        # Python slicing clamps exactly like ONNX Slice (huge ends mean "to the end", INT64_MIN with a negative step
+        # means "through index 0"). Do not rebuild the slice from .indices(): its stop of -1 would then mean "last".
+        idx[ax] = slice(int(st), int(en), int(sp))
     return tuple(idx)
 
 

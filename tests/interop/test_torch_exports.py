@@ -1,0 +1,150 @@
+"""torch.onnx exports (dynamo and legacy) of tiny Hugging Face models import and match torch in the interpreter."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e .[torch])")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[torch])")
+pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+
+from tremula.frontends.onnx_import import import_onnx  # noqa: E402 - after the importorskips
+from tremula.ir import run  # noqa: E402
+
+B, S, IMG = 2, 7, 32
+_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+class _LastHidden(torch.nn.Module):
+    """Positional inputs in, last_hidden_state out: one calling convention that both exporters trace the same way."""
+
+    def __init__(self, model, names: list[str]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *xs):
+        return self.model(**dict(zip(self.names, xs))).last_hidden_state
+
+
+def _text_inputs(batch: int, seq: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, 100, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[-1, seq - 2 :] = 0  # padding in the last row, so the mask path matters
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _family(name: str, attn: str, batch: int = B, seq: int = S):
+    tf = transformers
+    vision = dict(image_size=IMG, patch_size=8, attn_implementation=attn, **_SMALL)
+    if name == "vit":
+        model = tf.ViTModel(tf.ViTConfig(**vision), add_pooling_layer=False)
+    elif name == "siglip":
+        model = tf.SiglipVisionModel(tf.SiglipVisionConfig(**vision))
+    elif name == "clip":
+        model = tf.CLIPVisionModel(tf.CLIPVisionConfig(projection_dim=16, **vision))
+    elif name == "bert":
+        cfg = tf.BertConfig(vocab_size=100, max_position_embeddings=64, attn_implementation=attn, **_SMALL)
+        model = tf.BertModel(cfg, add_pooling_layer=False)
+    elif name == "gpt2":
+        cfg = tf.GPT2Config(
+            vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, attn_implementation=attn, use_cache=False
+        )
+        model = tf.GPT2Model(cfg)
+    else:
+        raise ValueError(name)
+    if name in ("bert", "gpt2"):
+        inputs = _text_inputs(batch, seq)
+    else:
+        inputs = {"pixel_values": torch.randn(batch, 3, IMG, IMG)}
+    return _LastHidden(model, list(inputs)).eval(), inputs
+
+
+def _export(model, inputs: dict, path, **kw) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model, tuple(inputs.values()), str(path), input_names=list(inputs), output_names=["last_hidden_state"], **kw
+        )
+
+
+def _check(path, model, inputs: dict, batch: int = B, seq_len: int | None = None) -> None:
+    graph = import_onnx(path, batch=batch, seq_len=seq_len)
+    feeds = {k: v.numpy() for k, v in inputs.items()}
+    got = run(graph, feeds)[graph.outputs[0]]
+    with torch.no_grad():
+        ref = model(*inputs.values()).numpy()
+    assert got.shape == ref.shape
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err <= 1e-4, f"max relative error {err:.2e}"
+
+
+FAMILIES = ["vit", "siglip", "clip", "bert", "gpt2"]
+EXPORTERS = {"dynamo": dict(dynamo=True), "legacy": dict(dynamo=False, opset_version=17)}
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("exporter", list(EXPORTERS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_imports_and_matches_torch(family: str, exporter: str, attn: str, tmp_path) -> None:
+    torch.manual_seed(0)
+    model, inputs = _family(family, attn)
+    path = tmp_path / "model.onnx"
+    _export(model, inputs, path, **EXPORTERS[exporter])
+    if exporter == "dynamo":
+        assert (tmp_path / "model.onnx.data").exists()  # weights come through onnx's external-data loader
+    _check(path, model, inputs)
+
+
+@pytest.mark.parametrize("family", ["bert", "vit", "gpt2"])
+def test_legacy_opset14_decomposed_layernorm_and_erf_gelu(family: str, tmp_path) -> None:
+    # Before opset 17 there is no LayerNormalization: it arrives as ReduceMean/Sub/Pow/Sqrt/Div, GELU as Erf.
+    torch.manual_seed(1)
+    model, inputs = _family(family, "eager")
+    path = tmp_path / "model.onnx"
+    _export(model, inputs, path, dynamo=False, opset_version=14)
+    _check(path, model, inputs)
+
+
+@pytest.mark.parametrize("family", ["bert", "siglip"])
+def test_dynamo_opset18_without_the_gelu_op(family: str, tmp_path) -> None:
+    # Opset 18 has no Gelu op and takes reduction axes as inputs: the other side of the since_version table.
+    torch.manual_seed(5)
+    model, inputs = _family(family, "eager")
+    path = tmp_path / "model.onnx"
+    _export(model, inputs, path, dynamo=True, opset_version=18)
+    _check(path, model, inputs)
+
+
+def test_legacy_dynamic_axes_take_batch_and_seq_len(tmp_path) -> None:
+    torch.manual_seed(2)
+    model, inputs = _family("bert", "eager")
+    path = tmp_path / "model.onnx"
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    _export(model, inputs, path, dynamo=False, opset_version=17, dynamic_axes=axes)
+    _, other = _family("bert", "eager", batch=3, seq=5)
+    _check(path, model, other, batch=3, seq_len=5)
+
+
+def test_dynamo_dynamic_shapes_take_batch_and_seq_len(tmp_path) -> None:
+    torch.manual_seed(3)
+    model, inputs = _family("gpt2", "eager")
+    path = tmp_path / "model.onnx"
+    dims = {0: torch.export.Dim("batch", max=16), 1: torch.export.Dim("seq_len", max=32)}
+    _export(model, inputs, path, dynamo=True, dynamic_shapes=((dims, dims),))  # one entry: forward(*xs)
+    _, other = _family("gpt2", "eager", batch=3, seq=5)
+    _check(path, model, other, batch=3, seq_len=5)
+
+
+@pytest.mark.parametrize("family", ["vit", "bert"])
+def test_dynamo_unoptimized_export_folds_its_shape_noise(family: str, tmp_path) -> None:
+    # Without onnxscript's optimizer the export keeps Constant/Identity/CastLike/Range/Expand noise to fold.
+    # (Local functions are tested with a hand-built model in tests/unit: torch 2.13's legacy
+    # export_modules_as_functions fails inside torch, and the dynamo exporter inlines its functions.)
+    torch.manual_seed(4)
+    model, inputs = _family(family, "eager")
+    path = tmp_path / "model.onnx"
+    _export(model, inputs, path, dynamo=True, optimize=False)
+    _check(path, model, inputs)

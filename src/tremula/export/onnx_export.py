@@ -305,6 +305,7 @@ def _patchify(c: _Ctx) -> None:
 
 # Ops whose reference computes float16 in float32 (or wider): exported in float32 between casts, to match it.
 _WIDEN_F16 = {
+    "Fp8Cast",
     "Add",
     "Sub",
     "Mul",
@@ -334,6 +335,29 @@ _WIDEN_F16 = {
     "Attention",
     "Conv",
 }
+
+
+@_conv("Fp8Cast")
+def _fp8_cast(c: _Ctx) -> None:
+    # QuantizeLinear/DequantizeLinear with an FNUZ zero point (opset >= 19) saturate like the IPU. ONNX rounds
+    # float32 straight to FP8 while the IPU goes through half; the two agree whenever the input is a half value.
+    from tremula.numerics.fp8 import Fp8Format, scale_for_max_abs
+
+    if c.em.opset < 19:
+        raise TremulaError("exporting Fp8Cast needs ONNX opset >= 19 (export_onnx(graph, opset=19))")
+    fmt = Fp8Format.parse(c.a["fmt"])
+    scale = c.a.get("scale")
+    if scale is None:
+        src = c.em.graph.constants.get(c.ins[0])
+        if src is None:
+            raise TremulaError("Fp8Cast without a scale can only be exported on a constant")
+        scale = scale_for_max_abs(float(np.max(np.abs(src.value()), initial=0.0)), fmt)
+    zero_type = onnx.TensorProto.FLOAT8E4M3FNUZ if fmt is Fp8Format.F143 else onnx.TensorProto.FLOAT8E5M2FNUZ
+    s = c.em.const(np.array(2.0 ** int(scale), np.float32))
+    z = c.em.fresh("fp8_zero")
+    c.em.inits.append(helper.make_tensor(z, zero_type, [], [0.0]))
+    q = c.em.op("QuantizeLinear", [c.ins[0], s, z], saturate=1)
+    c.em.op("DequantizeLinear", [q, s], c.outs)
 
 
 def _f32(t: TensorType | None) -> TensorType | None:

@@ -554,6 +554,32 @@ _row(
 )
 
 
+# ---------------------------------------------------------------------------------------------------- precision
+
+
+def _fp8_cast_ref(xs, a):
+    # Imported here: numerics depends on ml_dtypes, which only this row needs.
+    from tremula.numerics.fp8 import Fp8Format, dequantize, quantize, scale_for_max_abs
+
+    x = xs[0]
+    fmt = Fp8Format.parse(a["fmt"])
+    scale = a.get("scale")
+    if scale is None:  # a weight's scale comes from its own max-abs (ipu-hardware.md section 5: per-tensor scale)
+        scale = scale_for_max_abs(float(np.max(np.abs(x), initial=0.0)), fmt)
+    rng = np.random.default_rng(a.get("seed", 0)) if a.get("rounding") == "stochastic" else None
+    codes = quantize(x, fmt, int(scale), a.get("rounding", "nearest"), rng)
+    return [dequantize(codes, fmt, int(scale), x.dtype)]
+
+
+_row(
+    "Fp8Cast",  # round to FP8 (QUARTER, format fmt, power-of-two scale) and back: the values an FP8 operand holds
+    _same,
+    _fp8_cast_ref,
+    _per_output(1),
+    (1, 1),
+)
+
+
 def infer(op: str, ins: list[TensorType | None], attrs: Attrs) -> list[TensorType]:
     r = rule(op)
     lo, hi = r.n_inputs

@@ -1,0 +1,113 @@
+"""Precision policy: which tensors become FP8 (as Fp8Cast round trips, the QDQ form) and the calibration of their scales.
+
+The policy for `--dtype fp8` (PopRT's default FP8 path too): the two operands of every Linear are FP8 — weights in
+format `weight_fmt` with a scale from their own max-abs, activations in `act_fmt` with a scale calibrated on a batch of
+inputs — and everything else runs in FP16. Attention's two matmuls stay in FP16: their operands are activations whose
+range changes with every input, and softmax is sensitive to their error. The planner recognises
+Linear(Fp8Cast(x), Fp8Cast(W)) and stores both operands as one-byte codes for the C600's FP8 AMP path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tremula.errors import TremulaError
+from tremula.ir.graph import Graph, Node
+from tremula.ir.interp import infer_types, run
+from tremula.numerics.fp8 import Fp8Format, scale_for_max_abs
+
+
+@dataclass(frozen=True)
+class Fp8Policy:
+    act_fmt: Fp8Format = Fp8Format.F143
+    weight_fmt: Fp8Format = Fp8Format.F143
+    rounding: str = "nearest"  # or "stochastic" (seeded per cast)
+
+    @staticmethod
+    def parse(spec: str) -> Fp8Policy:
+        """'F143,F143' (activation format, weight format), as PopRT's fp8_params spells them."""
+        parts = [p.strip() for p in spec.split(",") if p.strip()]
+        if len(parts) != 2:
+            raise TremulaError(f"FP8 formats {spec!r}: give two, activation and weight, e.g. F143,F143")
+        return Fp8Policy(Fp8Format.parse(parts[0]), Fp8Format.parse(parts[1]))
+
+
+def fp8_linear_casts(graph: Graph, policy: Fp8Policy = Fp8Policy()) -> Graph:
+    """Every Linear with a constant weight reads its activation and weight through Fp8Cast.
+
+    Weight casts carry scale=None (taken from the weight's max-abs when its values exist, so lazy weights stay lazy);
+    activation casts carry scale=None until `calibrate_fp8` fills them in.
+    """
+    g = graph.copy()
+    nodes: list[Node] = []
+    for n in g.nodes:
+        if n.op == "Linear" and n.inputs[1] in g.constants:
+            x, w = n.inputs[0], n.inputs[1]
+            xq, wq = g.fresh_name(f"{x}.fp8"), g.fresh_name(f"{w}.fp8")
+            g.types[xq], g.types[wq] = g.types[x], g.types[w]
+            seed = len(nodes)  # a distinct, stable stream per cast for stochastic rounding
+            nodes.append(Node("Fp8Cast", [x], [xq], {"fmt": policy.act_fmt.value, "scale": None,
+                                                     "rounding": policy.rounding, "seed": seed}, f"{n.name}.x_fp8"))
+            nodes.append(Node("Fp8Cast", [w], [wq], {"fmt": policy.weight_fmt.value, "scale": None,
+                                                     "rounding": "nearest"}, f"{n.name}.w_fp8"))
+            n = Node(n.op, [xq, wq] + n.inputs[2:], n.outputs, dict(n.attrs), n.name)
+        nodes.append(n)
+    g.nodes = nodes
+    return infer_types(g)
+
+
+def activation_casts(graph: Graph) -> list[Node]:
+    return [n for n in graph.nodes if n.op == "Fp8Cast" and n.inputs[0] not in graph.constants]
+
+
+def calibrate_fp8(graph: Graph, feeds: dict[str, np.ndarray]) -> Graph:
+    """Fix each activation cast's scale from the max-abs its input reaches on the calibration inputs `feeds`.
+
+    The calibration runs the graph as it is (casts before this one already quantising), so each scale sees the
+    values it will see at inference.
+    """
+    casts = activation_casts(graph)
+    if not casts:
+        return graph
+    values = run(graph, feeds, keep={n.inputs[0] for n in casts})
+    g = graph.copy()
+    scales = {}
+    for n in casts:
+        fmt = Fp8Format.parse(n.attrs["fmt"])
+        scales[n.name] = scale_for_max_abs(float(np.max(np.abs(values[n.inputs[0]]), initial=0.0)), fmt)
+    g.nodes = [Node(n.op, n.inputs, n.outputs, {**n.attrs, "scale": scales[n.name]}, n.name) if n.name in scales
+               else n for n in g.nodes]
+    return g
+
+
+@dataclass(frozen=True)
+class LayerLoss:
+    node: str
+    cosine: float  # Linear output with FP8 operands vs the same Linear with the unrounded operands
+    rel_err: float
+
+
+def layer_losses(graph: Graph, feeds: dict[str, np.ndarray]) -> list[LayerLoss]:
+    """For every FP8 Linear, the error its own operand rounding adds (on the inputs it sees), worst first."""
+    from tremula.ir.ops import rule
+
+    producers = graph.producers()
+    linears = [n for n in graph.nodes if n.op == "Linear" and producers.get(n.inputs[0], Node("", [], [])).op == "Fp8Cast"]
+    keep = {o for n in linears for o in n.outputs} | {producers[n.inputs[0]].inputs[0] for n in linears}
+    vals = run(graph, feeds, keep=keep)
+    out = []
+    for n in linears:
+        x = vals[producers[n.inputs[0]].inputs[0]]
+        wsrc = producers[n.inputs[1]].inputs[0] if n.inputs[1] in producers else n.inputs[1]
+        w = graph.constants[wsrc].value() if wsrc in graph.constants else vals[wsrc]
+        args = [x, w] + [graph.constants[b].value() if b in graph.constants else vals[b] for b in n.inputs[2:] if b]
+        exact = rule("Linear").ref(args, n.attrs)[0].astype(np.float64).ravel()
+        got = vals[n.outputs[0]].astype(np.float64).ravel()
+        denom = np.linalg.norm(exact) * np.linalg.norm(got)
+        cos = float(exact @ got / denom) if denom > 0 else 1.0
+        scale = float(np.max(np.abs(exact), initial=0.0))
+        err = float(np.max(np.abs(got - exact)) / scale) if scale > 0 else 0.0
+        out.append(LayerLoss(n.name, cos, err))
+    return sorted(out, key=lambda r: r.cosine)

@@ -96,6 +96,7 @@ class Chip:
     exchange_send_bytes_per_cycle_per_tile: int
     exchange_recv_bytes_per_cycle_per_tile: int
     tiles_per_shared_exchange_bus: int
+    exchange_instruction_bytes: int
     exchange_fixed_cycles: int
     sync_cycles: int
     host_bytes_per_second: float
@@ -229,6 +230,7 @@ def _parse(text: str, where: str) -> Chip:
         exchange_send_bytes_per_cycle_per_tile=r.pos_int("exchange_send_bytes_per_cycle_per_tile"),
         exchange_recv_bytes_per_cycle_per_tile=r.pos_int("exchange_recv_bytes_per_cycle_per_tile"),
         tiles_per_shared_exchange_bus=r.pos_int("tiles_per_shared_exchange_bus"),
+        exchange_instruction_bytes=r.pos_int("exchange_instruction_bytes"),
         exchange_fixed_cycles=r.nonneg_int("exchange_fixed_cycles"),
         sync_cycles=r.nonneg_int("sync_cycles"),
         host_bytes_per_second=r.pos_float("host_bytes_per_second"),

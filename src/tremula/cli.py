@@ -229,6 +229,56 @@ def check_cmd(
         raise typer.Exit(1)
 
 
+def _print_rows(rows: list[dict], title: str) -> None:
+    table = Table(title=title)
+    for key in rows[0]:
+        table.add_column(key)
+    for r in rows:
+        table.add_row(*("-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()))
+    out.print(table)
+
+
+microbench_app = typer.Typer(help="Modelled microbenchmarks next to published measurements.", no_args_is_help=True)
+app.add_typer(microbench_app, name="microbench")
+
+
+@microbench_app.command("amp")
+def microbench_amp(
+    chip: str = typer.Option("bow", "--chip", help="Built-in chip name or a chip TOML file."),
+    n: str = typer.Option("16,32,64,128,256,512,1024,2048", "--n", help="Comma-separated row counts N."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Every tile runs one FP16 [N,16]x[16,16] AMP vertex: modelled TFLOP/s and % of peak vs the measured curve."""
+    from tremula.chip import load_chip
+    from tremula.timing.microbench import amp_microbench
+
+    try:
+        ns = [int(v) for v in n.split(",") if v.strip()]
+    except ValueError:
+        raise TremulaError(f"--n must be comma-separated integers (got {n!r})") from None
+    rows = amp_microbench(load_chip(chip), ns)
+    if json_out:
+        out.print_json(json.dumps(rows))
+    else:
+        _print_rows(rows, f"AMP microbenchmark on {chip} (every tile, FP16 [N,16]x[16,16])")
+
+
+@app.command()
+def calibrate(
+    models: bool = typer.Option(True, "--models/--no-models",
+                                help="Include PopRT's end-to-end results (compiles ViT-B/16 and BERT-base)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """The cost model against every published measurement we have, with the error of each."""
+    from tremula.timing.calibrate import calibration_rows
+
+    rows = calibration_rows(include_models=models)
+    if json_out:
+        out.print_json(json.dumps(rows))
+    else:
+        _print_rows(rows, "Model vs published measurements (sources in shared reference ipu-hardware.md)")
+
+
 def main() -> None:
     """Entry point: flag errors are reported by the CLI library (exit 2); user errors become one line on stderr."""
     try:

@@ -60,10 +60,6 @@ from tremula.program import TransferTable
 
 I64 = np.int64
 
-# Until the chip files carry an `exchange_instruction_bytes` key (proposed to the lead), the exchange code of a tile is
-# priced at one 32-bit instruction word per instruction [I]: the tile ISA's instructions are 32 bits (some pair into
-# 64-bit bundles), and no row of ipu-hardware.md gives exchange code sizes. A chip file key overrides this.
-PROVISIONAL_INSTRUCTION_BYTES = 4
 
 
 @dataclass
@@ -101,9 +97,9 @@ class Timetable:
         Instruction counts (an estimate [I], no public source gives exchange code sizes): per chunk, the sender runs
         one set-up instruction plus one send per row of the 2-D pattern the chunk touches; every destination tile runs
         one set-up (mux select or address) plus one per row. Bytes per instruction: the chip's
-        `exchange_instruction_bytes` if its file has one, else PROVISIONAL_INSTRUCTION_BYTES.
+        `exchange_instruction_bytes`.
         """
-        per = int(getattr(chip, "exchange_instruction_bytes", PROVISIONAL_INSTRUCTION_BYTES))
+        per = chip.exchange_instruction_bytes
         return (self.send_instructions + self.recv_instructions) * per
 
 

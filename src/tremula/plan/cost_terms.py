@@ -1,0 +1,64 @@
+"""Cost terms the planner and the codelets need, written on top of `tremula.cost` (the one cost model) and the Chip.
+
+`tremula.cost` prices the popops vector ops the chip files list; the codelets here also need a few kinds those tables
+do not have, priced as the nearest listed instruction sequence (KIND_ALIAS says which, and why).
+"""
+
+from __future__ import annotations
+
+from tremula import cost
+
+# kind -> list of (chip vector op, how many passes). Comparisons/select/logic are one 64-bit vector instruction per
+# loop like max; reciprocal is a divide; erf and pow have no popops entry: a few-term polynomial / exp(y log x).
+KIND_ALIAS: dict[str, list[tuple[str, int]]] = {
+    "abs": [("max", 1)], "not": [("max", 1)], "and": [("max", 1)], "or": [("max", 1)], "cmp": [("max", 1)],
+    "select": [("max", 1)], "reciprocal": [("divide", 1)], "mod": [("divide", 1), ("mul", 1), ("sub", 1)],
+    "erf": [("tanh", 1), ("mul", 4), ("add", 2)], "pow": [("log", 1), ("mul", 1), ("exp", 1)], "div": [("divide", 1)],
+}
+
+
+def _d(dtype: str) -> str:
+    """Integer and bool element-wise work is priced at the 32-bit (float) vector rate: the vector unit is 32-bit."""
+    return dtype if dtype in ("float16", "float32") else "float32"
+
+
+def matmul_cycles(chip, m: int, k: int, n: int, dtype: str) -> int:
+    # fp16 inputs accumulate in fp32 on the AMP (the conv units' half->float path), as the codelet does.
+    return int(cost.amp_matmul_cycles(chip, m, k, n, _d(dtype), "float32"))
+
+
+def vector_cycles(chip, kind: str, n: int, dtype: str) -> int:
+    if n == 0:
+        return 0
+    dtype = _d(dtype)
+    if kind == "copy":
+        return copy_cycles(chip, n * (2 if "16" in dtype else 4))
+    if kind == "gelu":
+        return int(cost.gelu_cycles(chip, n, dtype))
+    if kind in KIND_ALIAS:
+        return sum(k * int(cost.vector_cycles(chip, op, n, dtype)) for op, k in KIND_ALIAS[kind])
+    return int(cost.vector_cycles(chip, kind, n, dtype))
+
+
+def softmax_cycles(chip, rows: int, cols: int, dtype: str) -> int:
+    return int(cost.softmax_cycles(chip, rows, cols, _d(dtype)))
+
+
+def layernorm_cycles(chip, rows: int, cols: int, dtype: str) -> int:
+    return int(cost.layernorm_cycles(chip, rows, cols, _d(dtype)))
+
+
+def reduce_cycles(chip, rows: int, cols: int, dtype: str) -> int:
+    return int(cost.reduce_cycles(chip, rows, cols, _d(dtype)))
+
+
+def copy_cycles(chip, nbytes: int) -> int:
+    return int(cost.copy_cycles(chip, nbytes))
+
+
+def exchange_cycles(chip, max_sent: int, max_recv: int) -> int:
+    return int(cost.exchange_cycles(chip, int(max_sent), int(max_recv)))
+
+
+def sync_cycles(chip) -> int:
+    return int(cost.sync_cycles(chip))

@@ -1,0 +1,172 @@
+"""Exchanges between layouts: turn "these destination bytes need those source elements" into (multicast) transfers.
+
+Addresses here are symbolic (buffer id + byte offset inside the buffer); `lower.py` resolves them after the memory plan.
+Two generators: `gather_rects` for rectangles of the source's 2-D view (re-layouts, operand delivery: one 2-D transfer
+per source-block x rectangle intersection) and `gather_elems` for an arbitrary element map (Transpose, Slice, Concat,
+Patchify, broadcasts: one transfer per run of consecutive bytes). Identical source patterns become one multicast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tremula.plan.layout import Layout
+
+I64 = np.int64
+
+
+@dataclass
+class SymTransfers:
+    src_tile: np.ndarray
+    src_buf: np.ndarray
+    src_rel: np.ndarray
+    rows: np.ndarray
+    row_bytes: np.ndarray
+    src_stride: np.ndarray
+    dst_start: np.ndarray  # [n + 1]
+    d_tile: np.ndarray
+    d_buf: np.ndarray
+    d_rel: np.ndarray
+    d_stride: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src_tile)
+
+    @staticmethod
+    def concat(parts: list[SymTransfers]) -> SymTransfers:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            z = np.zeros(0, I64)
+            return SymTransfers(z, z, z, z, z, z, np.zeros(1, I64), z, z, z, z)
+        starts, base = [np.zeros(1, I64)], 0
+        for p in parts:
+            starts.append(p.dst_start[1:] + base)
+            base += int(p.dst_start[-1])
+        cat = lambda k: np.concatenate([getattr(p, k) for p in parts])
+        return SymTransfers(cat("src_tile"), cat("src_buf"), cat("src_rel"), cat("rows"), cat("row_bytes"),
+                            cat("src_stride"), np.concatenate(starts), cat("d_tile"), cat("d_buf"), cat("d_rel"),
+                            cat("d_stride"))
+
+    def traffic(self, tiles: int) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes sent and received per tile (a multicast is sent once, received by each destination)."""
+        nbytes = self.rows * self.row_bytes
+        sent = np.bincount(self.src_tile, weights=nbytes, minlength=tiles)
+        per_dest = np.repeat(nbytes, np.diff(self.dst_start))
+        recv = np.bincount(self.d_tile, weights=per_dest, minlength=tiles)
+        return sent, recv
+
+
+def make_transfers(s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride) -> SymTransfers:
+    """Pieces (one per destination) -> transfers, merging pieces with the same source pattern into one multicast."""
+    a = [np.asarray(x, I64) for x in (s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride)]
+    s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride = np.broadcast_arrays(*a)
+    keep = rows * row_bytes > 0
+    if not keep.all():
+        s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride = (
+            x[keep] for x in (s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride))
+    rows, row_bytes, s_stride, d_stride = rows.copy(), row_bytes.copy(), s_stride.copy(), d_stride.copy()
+    # A block that is contiguous on both sides is one row of bytes.
+    flat = (rows > 1) & (row_bytes == s_stride) & (row_bytes == d_stride)
+    row_bytes[flat] *= rows[flat]
+    rows[flat] = 1
+    single = rows == 1
+    s_stride[single] = row_bytes[single]
+    d_stride[single] = row_bytes[single]
+    n = len(s_tile)
+    if n == 0:
+        return SymTransfers.concat([])
+    # Sort by source position (then destination, for a deterministic order); pieces with an identical source
+    # pattern become one multicast. Tile and byte offset pack into one key (offsets are far below 2**36).
+    skey = (s_tile << 36) + s_rel
+    dkey = (d_tile << 36) + d_rel
+    order = np.lexsort((dkey, row_bytes, skey, s_buf)) if len(np.unique(s_buf[:1])) and not (s_buf == s_buf[0]).all() \
+        else np.lexsort((dkey, row_bytes, skey))
+    key = np.stack([s_tile, s_buf, s_rel, rows, row_bytes, s_stride])[:, order]
+    new = np.ones(n, bool)
+    new[1:] = np.any(key[:, 1:] != key[:, :-1], axis=0)
+    firsts = np.flatnonzero(new)
+    starts = np.concatenate([firsts, [n]]).astype(I64)
+    k = key[:, firsts]
+    return SymTransfers(k[0], k[1], k[2], k[3], k[4], k[5], starts, d_tile[order], d_buf[order], d_rel[order],
+                        d_stride[order])
+
+
+def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride) -> SymTransfers:
+    """Copy rectangles src[r0:r1, c0:c1] (of the source's 2-D view) to (d_tile, d_buf, d_rel) with row stride d_stride."""
+    r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride = np.broadcast_arrays(
+        *[np.asarray(x, I64) for x in (r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride)])
+    ok = (r1 > r0) & (c1 > c0)
+    r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride = (x[ok] for x in (r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride))
+    rc, cc, isz = src.row_cuts, src.col_cuts, src.itemsize
+    ra = np.searchsorted(rc, r0, side="right") - 1
+    rb = np.searchsorted(rc, r1 - 1, side="right") - 1
+    ca = np.searchsorted(cc, c0, side="right") - 1
+    cb = np.searchsorted(cc, c1 - 1, side="right") - 1
+    nr, nc = rb - ra + 1, cb - ca + 1
+    npieces = nr * nc
+    rect = np.repeat(np.arange(len(r0)), npieces)
+    local = np.arange(int(npieces.sum())) - np.repeat(np.cumsum(npieces) - npieces, npieces)
+    bi = ra[rect] + local // nc[rect]
+    bj = ca[rect] + local % nc[rect]
+    pr0 = np.maximum(r0[rect], rc[bi])
+    pr1 = np.minimum(r1[rect], rc[bi + 1])
+    pc0 = np.maximum(c0[rect], cc[bj])
+    pc1 = np.minimum(c1[rect], cc[bj + 1])
+    width = cc[bj + 1] - cc[bj]
+    s_rel = src.rel[bi, bj] + ((pr0 - rc[bi]) * width + (pc0 - cc[bj])) * isz
+    dr = d_rel[rect] + (pr0 - r0[rect]) * d_stride[rect] + (pc0 - c0[rect]) * isz
+    return make_transfers(src.tiles[bi, bj], src.buf, s_rel, pr1 - pr0, (pc1 - pc0) * isz, width * isz,
+                          d_tile[rect], d_buf[rect], dr, d_stride[rect])
+
+
+def gather_elems(src: Layout, src_elem: np.ndarray, d_tile, d_buf, d_rel, chunk: int = 1) -> SymTransfers:
+    """Element k of the destination (at d_tile[k], d_rel[k]) gets source element src_elem[k] (flat index of the 2-D view).
+
+    With chunk > 1 each entry stands for `chunk` consecutive elements on both sides (the caller guarantees they stay
+    inside one source block). Consecutive entries that are consecutive bytes on both sides become one transfer.
+    """
+    src_elem = np.asarray(src_elem, I64).reshape(-1)
+    n = len(src_elem)
+    if n == 0:
+        return SymTransfers.concat([])
+    d_tile, d_buf, d_rel = (np.broadcast_to(np.asarray(x, I64), (n,)) for x in (d_tile, d_buf, d_rel))
+    s_tile, s_rel = src.locate_flat(src_elem)
+    isz = src.itemsize * chunk
+    brk = np.ones(n, bool)
+    brk[1:] = ((s_tile[1:] != s_tile[:-1]) | (d_tile[1:] != d_tile[:-1]) | (d_buf[1:] != d_buf[:-1])
+               | (s_rel[1:] != s_rel[:-1] + isz) | (d_rel[1:] != d_rel[:-1] + isz))
+    first = np.flatnonzero(brk)
+    length = np.diff(np.concatenate([first, [n]]))
+    return _runs_to_patterns(s_tile[first], src.buf, s_rel[first], length * isz, d_tile[first], d_buf[first],
+                             d_rel[first])
+
+
+def _runs_to_patterns(s_tile, s_buf, s_rel, nb, d_tile, d_buf, d_rel) -> SymTransfers:
+    """Runs of bytes -> 2-D transfers: runs between the same two tiles, of the same length, at constant source and
+    destination strides, become one transfer of several rows (e.g. the head-dim slices of a Transpose)."""
+    order = np.lexsort((d_rel, d_buf, d_tile, s_tile))
+    s_tile, s_rel, nb, d_tile, d_buf, d_rel = (x[order] for x in (s_tile, s_rel, nb, d_tile, d_buf, d_rel))
+    n = len(s_tile)
+    if n > 1:
+        ds, dd = np.diff(s_rel), np.diff(d_rel)
+        ok = ((s_tile[1:] == s_tile[:-1]) & (d_tile[1:] == d_tile[:-1]) & (d_buf[1:] == d_buf[:-1])
+              & (nb[1:] == nb[:-1]) & (ds > 0) & (dd >= nb[:-1]))
+        change = np.zeros(n - 1, bool)
+        change[1:] = (ds[1:] != ds[:-1]) | (dd[1:] != dd[:-1])
+        prev_ok = np.concatenate([[False], ok[:-1]])
+        # Consecutive links in one pattern must have equal strides: a link whose stride differs from an ok
+        # predecessor starts no pattern of its own and is dropped (its right run begins a new pattern).
+        used = ok & ~(prev_ok & change)
+    else:
+        used = np.zeros(0, bool)
+        ds = dd = np.zeros(0, I64)
+    start = np.concatenate([[True], ~used])
+    firsts = np.flatnonzero(start)
+    rows = np.diff(np.concatenate([firsts, [n]]))
+    link = np.minimum(firsts, max(n - 2, 0))  # the first link of each pattern (only read when rows > 1)
+    s_stride = np.where(rows > 1, ds[link] if len(ds) else 0, nb[firsts])
+    d_stride = np.where(rows > 1, dd[link] if len(dd) else 0, nb[firsts])
+    return make_transfers(s_tile[firsts], s_buf, s_rel[firsts], rows, nb[firsts], s_stride, d_tile[firsts],
+                          d_buf[firsts], d_rel[firsts], d_stride)

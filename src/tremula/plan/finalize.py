@@ -1,0 +1,133 @@
+"""Plan -> Program: liveness of every buffer, the memory plan, address resolution and the cycle estimate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tremula.codelets import codelet
+from tremula.plan import cost_terms
+from tremula.plan.exchange import SymTransfers
+from tremula.plan.layout import blocks
+from tremula.plan.memory import MemoryPlan, plan_memory
+from tremula.plan.overheads import reserved_bytes
+from tremula.plan.state import LoweringState
+from tremula.program import BufferTable, ConstImage, HostStream, Program, Step, TransferTable, VertexGroup
+
+I64 = np.int64
+
+
+@dataclass
+class Liveness:
+    first: np.ndarray
+    last: np.ndarray
+
+
+def liveness(state: LoweringState) -> Liveness:
+    """First and last half-step touching each buffer (host inputs at -1, outputs read at 2*steps, weights always)."""
+    n = len(state.bufs)
+    big = 2 * len(state.steps) + 1
+    first = np.full(n, big, I64)
+    last = np.full(n, -1, I64)
+
+    def touch(bufs, t: int) -> None:
+        bufs = np.asarray(bufs, I64).reshape(-1)
+        if len(bufs):
+            np.minimum.at(first, bufs, t)
+            np.maximum.at(last, bufs, t)
+
+    for s in state.host_in:
+        touch([s.layout.buf], -1)
+    for k, st in enumerate(state.steps):
+        for g in st.groups:
+            touch(np.unique(g.bufs), 2 * k)
+        for t in st.transfers:
+            touch(np.unique(t.src_buf), 2 * k + 1)
+            touch(np.unique(t.d_buf), 2 * k + 1)
+    for s in state.host_out:
+        touch([s.layout.buf], 2 * len(state.steps))
+    for b, spec in enumerate(state.bufs):
+        if spec.category == "weights":
+            first[b], last[b] = -1, big
+    never = first > last  # allocated but unused (e.g. an empty serial round): give it a point life
+    first[never], last[never] = 0, 0
+    return Liveness(first, last)
+
+
+def memory_plan(state: LoweringState, chip) -> tuple[MemoryPlan, Liveness, dict[str, np.ndarray]]:
+    live = liveness(state)
+    reserved = reserved_bytes(state.T, state.steps, chip)
+    mp = plan_memory([b.category for b in state.bufs], [b.tiles for b in state.bufs], [b.sizes for b in state.bufs],
+                     live.first, live.last, state.T, reserved, chip.sram_bytes_per_tile)
+    return mp, live, reserved
+
+
+def _streams(state_streams, mp: MemoryPlan) -> list[HostStream]:
+    out = []
+    for s in state_streams:
+        lay = s.layout
+        tl, rel, r0, r1, c0, c1 = blocks(lay)
+        rel = mp.resolve(np.full(len(tl), lay.buf), tl) + rel
+        for t, r, a0, a1, b0, b1 in zip(tl.tolist(), rel.tolist(), r0.tolist(), r1.tolist(), c0.tolist(), c1.tolist()):
+            if a1 > a0 and b1 > b0:
+                out.append(HostStream(s.name, t, int(r), a0 * lay.cols + b0, a1 - a0, b1 - b0,
+                                      lay.cols, lay.dtype))
+    return out
+
+
+def step_cycles(chip, step: Step) -> tuple[int, int, int]:
+    """(compute, exchange, sync) cycles of one step: busiest tile's vertices, busiest tile's exchange, one sync."""
+    per_tile: dict[int, int] = {}
+    for g in step.compute:
+        cl = codelet(g.codelet)
+        keys = np.concatenate([g.params, g.shapes.reshape(len(g), -1)], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        p = g.params.shape[1]
+        cyc = np.array([cl.cycles(chip, tuple(int(x) for x in u[:p]), [tuple(int(y) for y in s) for s in
+                                                                         u[p:].reshape(-1, 2)], g.dtypes)
+                        for u in uniq], I64)
+        tile_c = np.bincount(g.tiles, weights=cyc[inv.reshape(-1)])
+        for t in np.flatnonzero(tile_c):
+            per_tile[int(t)] = per_tile.get(int(t), 0) + int(tile_c[t])
+    comp = max(per_tile.values(), default=0)
+    ex = step.exchange
+    exc = 0
+    if len(ex):
+        nb = ex.rows * ex.row_bytes
+        sent = np.bincount(ex.src_tile, weights=nb)
+        recv = np.bincount(ex.d_tile, weights=np.repeat(nb, np.diff(ex.dst_start)))
+        exc = cost_terms.exchange_cycles(chip, int(sent.max()), int(recv.max()))
+    return comp, exc, cost_terms.sync_cycles(chip)
+
+
+def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reserved: dict[str, np.ndarray],
+               dtype: str, batch: int, io_types: dict) -> Program:
+    res = mp.resolve
+    steps = []
+    for st in state.steps:
+        groups = [VertexGroup(g.codelet, g.dtypes, g.tiles.astype(np.int32), g.params.astype(I64),
+                              (res(g.bufs, g.tiles[:, None]) + g.rels).astype(I64), g.shapes.astype(I64))
+                  for g in st.groups]
+        t = SymTransfers.concat(st.transfers)
+        table = TransferTable(t.src_tile.astype(np.int32), res(t.src_buf, t.src_tile) + t.src_rel, t.rows,
+                              t.row_bytes, t.src_stride, t.dst_start, t.d_tile.astype(np.int32),
+                              res(t.d_buf, t.d_tile) + t.d_rel, t.d_stride)
+        steps.append(Step(groups, table, st.label))
+    consts = []
+    for c in state.consts:
+        addrs = res(np.full(len(c.tiles), c.buf), c.tiles) + c.rels
+        for t, a, a0, a1, b0, b1 in zip(c.tiles.tolist(), addrs.tolist(), c.r0.tolist(), c.r1.tolist(),
+                                        c.c0.tolist(), c.c1.tolist()):
+            consts.append(ConstImage(c.name, t, int(a), a0, a1, b0, b1, c.dtype))
+    bufs = state.bufs
+    counts = [len(b.tiles) for b in bufs]
+    tile_start = np.concatenate([[0], np.cumsum(counts)]).astype(I64)
+    b_tiles = np.concatenate([b.tiles for b in bufs]).astype(I64) if bufs else np.zeros(0, I64)
+    b_ids = np.repeat(np.arange(len(bufs)), counts)
+    bt = BufferTable([b.name for b in bufs], [b.category for b in bufs], live.first, live.last, tile_start,
+                     b_tiles.astype(np.int32), res(b_ids, b_tiles).astype(I64),
+                     np.concatenate([b.sizes for b in bufs]).astype(I64) if bufs else np.zeros(0, I64))
+    return Program(chip.name, chip.tiles, chip.sram_bytes_per_tile, dtype, batch, steps,
+                   _streams(state.host_in, mp), _streams(state.host_out, mp), consts, bt, io_types,
+                   sum(reserved.values()).astype(I64))

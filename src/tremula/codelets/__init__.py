@@ -50,7 +50,7 @@ def i2f(x: int) -> float:
 
 
 def _load() -> None:
-    from tremula.codelets import attention, elementwise, embed, matmul, norm  # noqa: F401  (registration)
+    from tremula.codelets import attention, elementwise, embed, fp8, matmul, norm  # noqa: F401  (registration)
 
 
 _load()

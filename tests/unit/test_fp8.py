@@ -1,6 +1,5 @@
 """FP8 (QUARTER) casts against ml_dtypes: rounding, saturation, NaN, scale, and unbiased stochastic rounding."""
 
-import ml_dtypes
 import numpy as np
 import pytest
 

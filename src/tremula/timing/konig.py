@@ -6,6 +6,7 @@ Used by timetable.py when the flows of a step form a bipartite multigraph (sende
 from __future__ import annotations
 
 import heapq
+
 import numpy as np
 
 I64 = np.int64

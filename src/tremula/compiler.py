@@ -25,8 +25,10 @@ Progress = Callable[[str, int, int], None]
 ModelSpec = Union[Graph, str, Callable[[int], Graph]]  # noqa: UP007 (a runtime alias)
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
 MAX_AUTO_BATCH = 4096
-# Operand-block budgets (fraction of a tile's SRAM) tried in turn when a plan does not fit.
-TEMP_FRACTIONS = (0.12, 0.04, 0.012)
+# Planner budgets tried in turn until a plan fits: (operand block, permanent bytes of the matmuls), as fractions of a
+# tile's SRAM (see plan/strategies.py). The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets
+# trade cycles for memory.
+PLAN_BUDGETS = ((0.12, None), (0.12, 0.4), (0.12, 0.3), (0.12, 0.2), (0.04, 0.2))
 
 
 class DoesNotFit(TremulaError):
@@ -129,13 +131,19 @@ def _resolve_dtype(dtype: str) -> str:
 def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None):
     """Plan + memory plan (no Program): (lowering state, memory plan, liveness, reserved bytes)."""
     g = cast_graph(canonical(graph), dtype)
-    # When the plan does not fit, search again with smaller operand blocks (more serial splits over M).
-    for frac in TEMP_FRACTIONS:
-        state = Lowerer(g, chip, progress, temp_fraction=frac).lower()
+    # Tighter budgets mean more rounds or fewer tiles per matmul: the first plan that fits is kept, else the one with
+    # the lowest peak.
+    best = None
+    for frac, perm in PLAN_BUDGETS:
+        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm).lower()
         mp, live, reserved = memory_plan(state, chip)
-        # Smaller operand blocks only help when the gathered buffers are what overflows the tile.
-        if mp.fits or mp.peak_bytes - mp.by_category.get("buffers", 0) > chip.sram_bytes_per_tile:
+        if best is None or mp.peak_bytes < best[1].peak_bytes:
+            best = (state, mp, live, reserved)
+        # Budgets shrink only buffers, vertex state and exchange code: when the rest alone overflows, stop.
+        fixed = mp.peak_bytes - sum(mp.by_category.get(c, 0) for c in ("buffers", "vertex_state", "exchange_code"))
+        if mp.fits or fixed > chip.sram_bytes_per_tile:
             break
+    state, mp, live, reserved = best
     return g, state, mp, live, reserved
 
 

@@ -31,9 +31,10 @@ def test_check_base_models_fp16(mk2, model):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("model", ["vit-base-patch16-224", "bert-base-uncased"])
-def test_check_base_models_fp32_batch1(mk2, model):
-    assert_passes(check_model(model, mk2, 1, "fp32"))
+def test_check_base_models_fp32(mk2, model, batch):
+    assert_passes(check_model(model, mk2, batch, "fp32"))
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make
 from tremula.plan.layout import Layout, blocks, even_cuts, reshape_free, view2d
 from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES
 from tremula.plan.state import LoweringState, SymConst, SymStream
-from tremula.plan.strategies import TEMP_FRACTION, WEIGHT_FRACTION, cdiv, choose_linear
+from tremula.plan.strategies import ROW_BLOCK_FRACTION, TEMP_FRACTION, WEIGHT_FRACTION, SourceShape, cdiv, choose_linear
 
 I64 = np.int64
 STRIDE = 1 << 40  # index maps encode (input k, element e) as k * STRIDE + e
@@ -39,21 +39,25 @@ def supported(graph: Graph) -> list[str]:
 
 class Lowerer(LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
-                 temp_fraction: float = TEMP_FRACTION):
+                 temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None):
         super().__init__(chip.tiles)
-        self.temp_fraction = temp_fraction
+        self.temp_fraction, self.perm_fraction = temp_fraction, perm_fraction
         self.graph, self.chip, self.progress = graph, chip, progress
         self.types = graph.types
         self._ex_written: set[int] = set()
         lin_bytes = 0
+        self.n_linear = 0
         for n in graph.nodes:
             if n.op in ("Linear", "MatMul") and n.inputs[1] in graph.constants:
                 lin_bytes += graph.types[n.inputs[1]].nbytes
+                self.n_linear += 1
+        self.consumers = graph.consumers()
         # Cap on how many times matmul weights are replicated, so all of them together stay within the budget of
         # what a tile has left after code (bounded by every codelet's code on every tile).
         usable = chip.sram_bytes_per_tile - BASE_CODE_BYTES - sum(CODE_BYTES.values())
         self.pm_max = max(1, int(WEIGHT_FRACTION * max(usable, 0) * chip.tiles // max(lin_bytes, 1)))
         self.cursor = 0  # first tile of the next weight placement: rotating spreads weights over all tiles
+        self.row_block_bytes = int(ROW_BLOCK_FRACTION * chip.sram_bytes_per_tile)
 
     # ------------------------------------------------------------------------------------------------ driver
     def lower(self) -> LoweringState:
@@ -367,7 +371,12 @@ class Lowerer(LoweringState):
         xt, wt = self.types[x], self.types[w]
         m, k = view2d(xt.shape)
         n = wt.shape[1]
-        st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction)
+        src = self.layout_of(x)
+        # Column-block outputs suit only consumers that keep the layout (a unary op) or read K-slices (a matmul).
+        out_rows = not all(c.op in ("Linear", "MatMul") or (c.op in ELEMENTWISE and sum(map(bool, c.inputs)) == 1)
+                           for c in self.consumers.get(out, []))
+        shape = SourceShape(int(np.diff(src.row_cuts).max()), int(np.diff(src.col_cuts).min()), out_rows, self.n_linear)
+        st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction)
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         tl = self.take_tiles(pm * pn * pk)  # tile of (i, j, l) at index (i * pn + j) * pk + l
@@ -380,7 +389,6 @@ class Lowerer(LoweringState):
         if b is not None:
             bbuf, brel = self.resident(f"{b}@{out}", b, self.types[b].dtype, tl, 0, 1, ncuts[gj], ncuts[gj + 1])
             bias = (bbuf, brel)
-        src = self.layout_of(x)
         isz = np.dtype(xt.dtype).itemsize
         mi = mcuts[gi + 1] - mcuts[gi]
         chunk = cdiv(int(mi.max()), st.serial)

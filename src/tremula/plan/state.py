@@ -79,6 +79,7 @@ class LoweringState:
         self.strategies: dict[str, str] = {}
         self.row_cursor = 0
         self.wload = np.zeros(tiles, I64)  # resident weight bytes placed on each tile so far
+        self.row_block_bytes = 0  # cap on one row-layout block (0: no cap); the Lowerer sets it from the chip
 
     def least_loaded(self, n: int) -> np.ndarray:
         """n consecutive tiles (mod T) whose resident weights so far are the fewest (first such window on ties)."""
@@ -118,6 +119,8 @@ class LoweringState:
         """
         if parts is None:
             parts = ROW_PARTS_PER_SQRT_TILES * int(np.ceil(np.sqrt(self.T)))
+            if self.row_block_bytes:  # big activations: more parts, so no tile holds a large share of one value
+                parts = max(parts, -(-rows * cols * np.dtype(dtype).itemsize // self.row_block_bytes))
         parts = min(parts, self.T, max(rows, 1))
         if category == "weights":  # a constant's home: where the fewest weights are
             first_tile = int(self.least_loaded(parts)[0])

@@ -15,6 +15,11 @@ from tremula.plan import cost_terms
 
 WEIGHT_FRACTION = 0.5  # of a tile's SRAM that all resident matmul weights together may take
 TEMP_FRACTION = 0.12  # of a tile's SRAM that one op's gathered operand block may take (serial splits beyond that)
+# of a tile's SRAM that one op's temporaries (gathered operand, partials, received slices, output) may take; scaled
+# down with temp_fraction when the compiler retries with smaller blocks
+BUFFER_FRACTION = 0.2
+# of a tile's SRAM that one block of a row-layout activation may take (more row parts beyond that)
+ROW_BLOCK_FRACTION = 0.02
 
 
 def cdiv(a: int, b: int) -> int:
@@ -49,10 +54,47 @@ def _candidates(n: int, limit: int) -> list[int]:
     return sorted(x for x in c if 1 <= x <= min(n, limit))
 
 
+@dataclass(frozen=True)
+class SourceShape:
+    """What the planner knows of a Linear's surroundings when pricing its permanent bytes."""
+    row_block: int  # rows per block of the operand's layout
+    col_block: int  # columns per block of the operand's layout (== k when it holds whole rows)
+    out_rows: bool  # the consumer needs whole rows of the output (a row op or a re-layout), not column blocks
+    n_linear: int  # matmuls in the graph: they share the permanent budget
+
+
+def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk: int, pn: int,
+                    bias: bool = True) -> int:
+    """Vertex state + exchange code one Linear candidate leaves on each of its tiles (the model of overheads.py).
+
+    A transfer costs one set-up instruction plus one per row of its 2-D pattern, on the sender and every receiver:
+    gathering a K-slice of rows is one row per operand row unless the source blocks are exactly that slice.
+    """
+    from tremula.plan.overheads import BYTES_PER_OPERAND, BYTES_PER_PARAM, VERTEX_HEADER_BYTES
+
+    instr = getattr(chip, "exchange_instruction_bytes", 4)
+    vs = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * (3 + bias) + BYTES_PER_PARAM
+    nrb = cdiv(rows, max(src.row_block, 1)) + 1  # source row blocks a round's rows touch
+    whole = src.col_block == kl  # each piece is a whole source block row range: contiguous on both sides
+    ncb = 1 if whole else cdiv(kl, max(src.col_block, 1)) + 1
+    recv = nrb * ncb * 2 if whole else rows * ncb + nrb * ncb
+    code = recv
+    if pk > 1:
+        vs += VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * (pk + 1 + bias) + 2 * BYTES_PER_PARAM
+        code += 4 * (pk - 1)  # reduce-scatter: contiguous slices sent and received
+    if src.out_rows and pn > 1:  # each output row of this tile's block is a separate row of the re-layout
+        code += 2 * (cdiv(rows, pk) + 1)
+    return int(serial * (vs + instr * code))
+
+
 @lru_cache(maxsize=4096)
 def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
-                  temp_fraction: float = TEMP_FRACTION) -> LinearStrategy:
-    """Pick (pm, pn, pk, serial) minimising estimated cycles, subject to the weight and temp budgets.
+                  temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
+                  perm_fraction: float | None = None) -> LinearStrategy:
+    """Pick (pm, pn, pk, serial) minimising estimated cycles, subject to the weight, temp and permanent budgets.
+
+    perm_fraction (with src): the share of a tile's SRAM that the permanent bytes (vertex state + exchange code) of
+    all matmuls together may take; None leaves them unbudgeted (the fastest plans, when they fit).
 
     Cached on its arguments: identical layers (same shapes) are planned once.
     """
@@ -67,23 +109,34 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
             kl = cdiv(k, pk)
             pm = max(1, min(m, tiles // (pn * pk), pm_max))
             mi = cdiv(m, pm)
-            serial = max(1, min(mi, cdiv(mi * kl * isz, int(temp_budget))))
-            rows = cdiv(mi, serial)
-            comp = cost_terms.matmul_cycles(chip, rows, kl, nj, dtype)
-            recv = rows * kl * isz
-            sent = cdiv(m * k * isz, min(tiles, m * pk)) // serial
-            ex = cost_terms.exchange_cycles(chip, sent, recv) + sync
-            mem = k * n * isz // (pn * pk) + rows * kl * isz + mi * nj * isz // pk
-            if pk > 1:
-                sub = cdiv(rows, pk)
-                part = rows * nj * 4
-                comp += cost_terms.vector_cycles(chip, "add", sub * nj * pk, "float32")
-                ex += cost_terms.exchange_cycles(chip, part - sub * nj * 4, (pk - 1) * sub * nj * 4) + sync
-                mem += part + (pk - 1) * sub * nj * 4
-            total = serial * (comp + ex)
-            over = max(0, mem - (WEIGHT_FRACTION + temp_fraction) * sram)
-            key = (over, total)
-            if best is None or key < best[0]:
-                best = (key, LinearStrategy(pm, pn, pk, serial, int(total), int(mem)))
+            s0 = max(1, min(mi, cdiv(mi * kl * isz, int(temp_budget))))
+            # More rounds than the operand block needs shrink the partials; the permanent bytes grow with them.
+            for serial in sorted({s0, min(mi, 2 * s0), min(mi, 4 * s0)}):
+                rows = cdiv(mi, serial)
+                comp = cost_terms.matmul_cycles(chip, rows, kl, nj, dtype)
+                recv = rows * kl * isz
+                sent = cdiv(m * k * isz, min(tiles, m * pk)) // serial
+                ex = cost_terms.exchange_cycles(chip, sent, recv) + sync
+                mem = k * n * isz // (pn * pk) + rows * kl * isz + mi * nj * isz // pk
+                if pk > 1:
+                    sub = cdiv(rows, pk)
+                    part = rows * nj * 4
+                    comp += cost_terms.vector_cycles(chip, "add", sub * nj * pk, "float32")
+                    ex += cost_terms.exchange_cycles(chip, part - sub * nj * 4, (pk - 1) * sub * nj * 4) + sync
+                    mem += part + (pk - 1) * sub * nj * 4
+                total = serial * (comp + ex)
+                over = max(0, mem - (WEIGHT_FRACTION + temp_fraction) * sram)
+                wbytes = k * n * isz // (pn * pk)
+                over += max(0, mem - wbytes - BUFFER_FRACTION * temp_fraction / TEMP_FRACTION * sram)
+                if src is not None and perm_fraction is not None:
+                    # The permanent budget is shared by the matmuls that land on a tile: fewer when this one uses fewer
+                    # tiles (weights rotate over all tiles).
+                    used = pm * pn * pk
+                    share = max(1.0, src.n_linear * used / tiles)
+                    perm = permanent_bytes(chip, src, rows, serial, kl, pk, pn)
+                    over += max(0, perm - perm_fraction * sram / share)
+                key = (over, total)
+                if best is None or key < best[0]:
+                    best = (key, LinearStrategy(pm, pn, pk, serial, int(total), int(mem)))
     assert best is not None
     return best[1]

@@ -177,6 +177,8 @@ def compile_cmd(
     dtype: str = typer.Option("fp32", "--dtype", help="fp32 or fp16."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the Program to this file."),
+    report: Optional[str] = typer.Option(None, "--report", help="Write a self-contained HTML profile here."),
+    trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome Trace Event JSON (Perfetto) here."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Plan every tensor onto tiles, lower to a BSP program, and report memory and estimated cycles."""
@@ -189,14 +191,29 @@ def compile_cmd(
         res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar)
     if output:
         save_program(res.program, output)
+    profile = None
+    if report or trace or json_out:
+        from tremula.frontends import load_model
+        from tremula.report import report_paths
+
+        graph = load_model(model, batch=res.batch, seq_len=seq_len)
+        profile = report_paths(res, graph, c, html=report, trace=trace, model=model)
     if json_out:
-        out.print_json(json.dumps({"model": model, "chip": c.name, "seconds": res.seconds, **res.summary()}))
+        out.print_json(json.dumps({"model": model, "chip": c.name, "seconds": res.seconds, **res.summary(),
+                                   "profile": profile.to_json() if profile else None}))
         return
     out.print(f"[bold]{model}[/bold] on {c.name}")
     for k, v in _summary_rows(res, c):
         out.print(f"  {k:17} {v}", soft_wrap=True)
-    if output:
-        out.print(f"  program written to {output}")
+    if profile is not None:
+        from tremula.report import explain
+
+        out.print(f"  MFU               {100 * profile.summary.mfu:.1f} % of the {res.dtype} peak", soft_wrap=True)
+        for line in explain(profile, c)[:3]:
+            out.print(f"  why: {line}", soft_wrap=True)
+    for label, path in (("program", output), ("report", report), ("trace", trace)):
+        if path:
+            out.print(f"  {label} written to {path}")
 
 
 @app.command("check")

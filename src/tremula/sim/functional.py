@@ -22,7 +22,8 @@ from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
 from tremula.program import Program, VertexGroup
 
-POISON = 0xA5  # as float32 0xA5A5A5A5 is -2.9e-16, as float16 0xA5A5 is -0.022: wrong but finite, so reads must be caught
+# As float32 0xA5A5A5A5 is -2.9e-16, as float16 0xA5A5 is -0.022: wrong but finite, so reads must be caught.
+POISON = 0xA5
 CHUNK_BYTES = 1 << 24  # exchange bytes copied per vectorised batch
 
 
@@ -294,7 +295,8 @@ class Machine:
         """Destination rows must not overlap each other nor any source row of the same exchange."""
         j = _first_overlap(dst_t, dst_a, dst_a + nb)
         if j is not None:
-            raise SimCheckError(f"step {k}: two transfers write overlapping bytes on tile {dst_t[j]} at byte {dst_a[j]}")
+            raise SimCheckError(f"step {k}: two transfers write overlapping bytes on tile {dst_t[j]} "
+                                f"at byte {dst_a[j]}")
         tiles = np.concatenate([dst_t, src_t])
         starts = np.concatenate([dst_a, src_a])
         ends = starts + np.concatenate([nb, nb])

@@ -179,6 +179,8 @@ def compile_cmd(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the Program to this file."),
     report: Optional[str] = typer.Option(None, "--report", help="Write a self-contained HTML profile here."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome Trace Event JSON (Perfetto) here."),
+    timetable: bool = typer.Option(False, "--timetable",
+                                   help="Schedule every exchange cycle by cycle and compare with its lower bound."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Plan every tensor onto tiles, lower to a BSP program, and report memory and estimated cycles."""
@@ -191,6 +193,12 @@ def compile_cmd(
         res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar)
     if output:
         save_program(res.program, output)
+    exchanges = None
+    if timetable:
+        from tremula.timing.program_schedule import schedule_program
+
+        with _Bar(not json_out) as bar:
+            exchanges = schedule_program(res.program, c, progress=bar)
     profile = None
     if report or trace or json_out:
         from tremula.frontends import load_model
@@ -200,11 +208,18 @@ def compile_cmd(
         profile = report_paths(res, graph, c, html=report, trace=trace, model=model)
     if json_out:
         out.print_json(json.dumps({"model": model, "chip": c.name, "seconds": res.seconds, **res.summary(),
-                                   "profile": profile.to_json() if profile else None}))
+                                   "profile": profile.to_json() if profile else None,
+                                   "exchanges": [dict(e.__dict__, ratio=e.ratio) for e in exchanges or []]}))
         return
     out.print(f"[bold]{model}[/bold] on {c.name}")
     for k, v in _summary_rows(res, c):
         out.print(f"  {k:17} {v}", soft_wrap=True)
+    if exchanges:
+        makespan, bound = sum(e.makespan for e in exchanges), sum(e.lower_bound for e in exchanges)
+        worst = max(exchanges, key=lambda e: e.ratio)
+        out.print(f"  timetables        {len(exchanges)} exchanges: {makespan:,} cycles scheduled vs {bound:,} "
+                  f"lower bound ({makespan / max(bound, 1):.3f}x); worst step {worst.step} ({worst.label}) "
+                  f"{worst.ratio:.3f}x", soft_wrap=True)
     if profile is not None:
         from tremula.report import explain
 

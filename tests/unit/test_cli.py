@@ -107,3 +107,10 @@ def test_invalid_chip_file(tmp_path, content):
     with pytest.raises(TremulaError) as e:
         load_chip(str(path))
     assert "\n" not in str(e.value)
+
+
+def test_compile_timetable_json_reports_makespans_near_their_bounds():
+    p = run_cli("compile", "gpt2-tiny", "--chip", "c600", "--batch", "2", "--timetable", "--json")
+    assert p.returncode == 0, p.stderr
+    ex = json.loads(p.stdout)["exchanges"]
+    assert ex and all(e["lower_bound"] <= e["makespan"] <= 1.25 * e["lower_bound"] for e in ex)

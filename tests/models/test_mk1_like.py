@@ -1,14 +1,9 @@
-"""Golden numbers for mk1: a tiny BERT and a tiny ViT (batch 2, fp16) compiled for the mk1 chip file.
-
-The literals below are PINNED: they were computed once from the current cost model, planner and memory plan and
-written here by hand, so that any change to cycles or memory shows up as a failing test and an explicit diff in review.
-If a change is intended, update the numbers in the same change and say why in its description.
-"""
+"""Golden numbers for mk1: a tiny BERT and a tiny ViT (batch 2, fp16) compiled for the mk1 chip file (pinned;
+see golden.py for why and how to update them)."""
 
 import pytest
 
-from tremula.chip import load_chip
-from tremula.compiler import compile_model
+from golden import check_golden
 
 CHIP = "mk1"
 GOLDEN = {
@@ -31,14 +26,4 @@ GOLDEN = {
 
 @pytest.mark.parametrize("model", sorted(GOLDEN))
 def test_mk1_golden(model):
-    want = GOLDEN[model]
-    res = compile_model(model, load_chip(CHIP), batch=2, dtype="fp16")
-    got = {
-        "cycles": res.cycles, "compute": res.compute_cycles, "exchange": res.exchange_cycles, "sync": res.sync_cycles,
-        "steps": res.steps, "fullest_tile": res.fullest_tile, "peak_tile_bytes": res.peak_tile_bytes,
-        "memory_by_category": dict(res.memory_by_category),
-    }
-    assert res.fits
-    assert got == want
-    # The pinned split must add up (a check on the literals themselves, not only on the compiler).
-    assert want["compute"] + want["exchange"] + want["sync"] == want["cycles"]
+    check_golden(CHIP, model, GOLDEN[model])

@@ -169,13 +169,21 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
     return rows
 
 
+# Parameters that compile and check share (typer reads these default objects; each command gets its own value).
+MODEL_ARG = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name.")
+CHIP_OPT = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file.")
+BATCH_OPT = typer.Option("1", "--batch", help="Batch size, or 'auto' for the largest that fits.")
+DTYPE_OPT = typer.Option("fp32", "--dtype", help="fp32 or fp16.")
+SEQ_OPT = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models.")
+
+
 @app.command("compile")
 def compile_cmd(
-    model: str = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name."),
-    chip: str = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file."),
-    batch: str = typer.Option("1", "--batch", help="Batch size, or 'auto' for the largest that fits."),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or fp16."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models."),
+    model: str = MODEL_ARG,
+    chip: str = CHIP_OPT,
+    batch: str = BATCH_OPT,
+    dtype: str = DTYPE_OPT,
+    seq_len: Optional[int] = SEQ_OPT,
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the Program to this file."),
     report: Optional[str] = typer.Option(None, "--report", help="Write a self-contained HTML profile here."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome Trace Event JSON (Perfetto) here."),
@@ -233,11 +241,11 @@ def compile_cmd(
 
 @app.command("check")
 def check_cmd(
-    model: str = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name."),
-    chip: str = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file."),
-    batch: str = typer.Option("1", "--batch", help="Batch size, or 'auto'."),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or fp16."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models."),
+    model: str = MODEL_ARG,
+    chip: str = CHIP_OPT,
+    batch: str = BATCH_OPT,
+    dtype: str = DTYPE_OPT,
+    seq_len: Optional[int] = SEQ_OPT,
     seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:

@@ -23,7 +23,9 @@ def infer_types(graph: Graph) -> Graph:
             ins.pop()
         outs = infer(node.op, ins, node.attrs)
         if len(outs) != len(node.outputs):
-            raise TremulaError(f"node {node.name or node.op} has {len(node.outputs)} outputs, {node.op} makes {len(outs)}")
+            raise TremulaError(
+                f"node {node.name or node.op} has {len(node.outputs)} outputs, {node.op} makes {len(outs)}"
+            )
         types.update(zip(node.outputs, outs))
     for o in graph.outputs:
         if o not in types:

@@ -128,7 +128,8 @@ _UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], int]] = {
     "Identity": (lambda x: x, 0),
 }
 for _name, (_fn, _k) in _UNARY.items():
-    _row(_name, _same, (lambda fn: lambda xs, a: [np.asarray(fn(xs[0])).astype(xs[0].dtype)])(_fn), _per_output(_k), (1, 1))
+    _row(_name, _same, (lambda fn: lambda xs, a: [np.asarray(fn(xs[0])).astype(xs[0].dtype)])(_fn), _per_output(_k),
+         (1, 1))
 
 _row(
     "Cast",

@@ -114,7 +114,7 @@ def dequantize(codes: np.ndarray, fmt: Fp8Format, scale: int = 0, dtype: str = "
 
 
 def cast_to_half(x: np.ndarray, rounding: str = "nearest", rng: np.random.Generator | None = None) -> np.ndarray:
-    """float32 -> float16 with saturation (the IPU clamps instead of overflowing to inf) and optional stochastic rounding."""
+    """float32 -> float16, saturating (the IPU clamps instead of overflowing to inf), nearest or stochastic rounding."""
     f16max = float(np.finfo(np.float16).max)
     x = np.asarray(x, np.float32)
     clipped = np.where(np.isnan(x), x, np.clip(x, -f16max, f16max))

@@ -1,4 +1,4 @@
-"""Precision policy: which tensors become FP8 (as Fp8Cast round trips, the QDQ form) and the calibration of their scales.
+"""Precision policy: which tensors become FP8 (Fp8Cast round trips, the QDQ form) and the calibration of their scales.
 
 The policy for `--dtype fp8` (PopRT's default FP8 path too): the two operands of every Linear are FP8 — weights in
 format `weight_fmt` with a scale from their own max-abs, activations in `act_fmt` with a scale calibrated on a batch of
@@ -94,7 +94,8 @@ def layer_losses(graph: Graph, feeds: dict[str, np.ndarray]) -> list[LayerLoss]:
     from tremula.ir.ops import rule
 
     producers = graph.producers()
-    linears = [n for n in graph.nodes if n.op == "Linear" and producers.get(n.inputs[0], Node("", [], [])).op == "Fp8Cast"]
+    casts = {o for n in graph.nodes if n.op == "Fp8Cast" for o in n.outputs}
+    linears = [n for n in graph.nodes if n.op == "Linear" and n.inputs[0] in casts]
     keep = {o for n in linears for o in n.outputs} | {producers[n.inputs[0]].inputs[0] for n in linears}
     vals = run(graph, feeds, keep=keep)
     out = []

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from transfer_tables import make_table
 
 from tremula.chip import load_chip
 from tremula.program import TransferTable
@@ -16,15 +17,8 @@ BOW = load_chip("bow")
 
 
 def table(src, nbytes, dests, rows=None) -> TransferTable:
-    """Transfers src[i] -> dests[i] of nbytes[i] bytes (rows[i] rows of nbytes/rows bytes, strided by 1.5x)."""
-    n = len(src)
-    rows = np.ones(n, np.int64) if rows is None else np.asarray(rows, np.int64)
-    rb = np.asarray(nbytes, np.int64) // rows
-    starts = np.concatenate([[0], np.cumsum([len(d) for d in dests])]).astype(np.int64)
-    dt = np.concatenate([np.asarray(d, np.int64) for d in dests]) if n else np.zeros(0, np.int64)
-    d_stride = rb[np.repeat(np.arange(n), np.diff(starts))]
-    return TransferTable(np.asarray(src, np.int32), np.zeros(n, np.int64), rows, rb, rb + rb // 2, starts,
-                         dt.astype(np.int32), np.zeros(len(dt), np.int64), d_stride)
+    """Source rows strided by 1.5x their length, so the tests see real 2-D patterns."""
+    return make_table(src, nbytes, dests, rows, src_gap=0.5)
 
 
 def all_to_all(tiles: list[int], nbytes: int) -> TransferTable:

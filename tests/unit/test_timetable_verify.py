@@ -8,25 +8,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transfer_tables import make_table
 
 from tremula.chip import load_chip
 from tremula.errors import TremulaError
-from tremula.program import TransferTable
 from tremula.timing import Timetable, TimetableError, replay_order, schedule_exchange, verify_timetable
 
 CHIP = dataclasses.replace(load_chip("bow"), tiles=16)  # 4 B/cycle send and receive, pairs share a bus
 FIXED = CHIP.exchange_fixed_cycles
-
-
-def make_table(src, nbytes, dests, rows=None) -> TransferTable:
-    n = len(src)
-    rows = np.ones(n, np.int64) if rows is None else np.asarray(rows, np.int64)
-    rb = np.asarray(nbytes, np.int64) // rows
-    starts = np.concatenate([[0], np.cumsum([len(d) for d in dests])]).astype(np.int64)
-    dt = np.concatenate([np.asarray(d, np.int64) for d in dests]) if n else np.zeros(0, np.int64)
-    per = np.repeat(rb, np.diff(starts))
-    return TransferTable(np.asarray(src, np.int32), np.zeros(n, np.int64), rows, rb, rb, starts, dt.astype(np.int32),
-                         np.zeros(len(dt), np.int64), per)
 
 
 def valid():

@@ -23,7 +23,8 @@ from tremula.program import Program
 
 Progress = Callable[[str, int, int], None]
 ModelSpec = Union[Graph, str, Callable[[int], Graph]]  # noqa: UP007 (a runtime alias)
-DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
+DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16", "fp8": "fp8"}
+CALIBRATION_SEED = 1  # seeded calibration inputs differ from check's inputs (seed 0): scales are not fit to the test
 MAX_AUTO_BATCH = 4096
 # Planner budgets tried in turn until a plan fits: (operand block, permanent bytes of the matmuls), as fractions of a
 # tile's SRAM (see plan/strategies.py). The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets
@@ -66,6 +67,7 @@ class CompileResult:
     sync_cycles: int
     strategies: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the compile (not stored in the Program, which must be deterministic)
+    graph: Graph | None = field(default=None, repr=False)  # the graph as planned (after the precision passes)
 
     def summary(self) -> dict:
         return {"fits": self.fits, "batch": self.batch, "dtype": self.dtype, "fullest_tile": self.fullest_tile,
@@ -121,41 +123,105 @@ def cast_graph(graph: Graph, dtype: str) -> Graph:
 
 def _resolve_dtype(dtype: str) -> str:
     if dtype not in DTYPES:
-        raise TremulaError(f"unsupported --dtype {dtype!r}: use fp32 or fp16")
+        raise TremulaError(f"unsupported --dtype {dtype!r}: use fp32, fp16 or fp8")
     return DTYPES[dtype]
+
+
+def lower_precision(graph: Graph, dtype: str, chip=None, scales: dict[str, int] | None = None) -> Graph:
+    """The canonical graph in `dtype`. fp8 is the mixed policy (passes/precision.py): FP8 operands for every Linear
+    with calibrated activation scales, stored as codes for the AMP's quarter path; FP16 everywhere else."""
+    g = canonical(graph)
+    if dtype != "fp8":
+        return cast_graph(g, dtype)
+    from tremula.passes.precision import fp8_linear_casts, fp8_storage, with_scales
+
+    g = cast_graph(with_scales(fp8_linear_casts(g), scales or {}), "float16")
+    return fp8_storage(g, chip.amp_pair("fp8", "fp16").weights_per_conv_unit)
+
+
+def fp8_scales(graph: Graph, feeds: dict[str, np.ndarray] | None = None) -> dict[str, int]:
+    """Activation scales for the fp8 policy, calibrated on `feeds` (seeded inputs when None), in float32."""
+    from tremula.passes.precision import calibration_scales, fp8_linear_casts
+
+    g = fp8_linear_casts(canonical(graph))
+    return calibration_scales(g, feeds if feeds is not None else make_feeds(g, CALIBRATION_SEED))
+
+
+def _check_fp8(chip, dtype: str) -> None:
+    if dtype == "fp8" and not chip.supports("fp8"):
+        raise TremulaError(f"chip {chip.name} has no FP8 matmul unit (FP8 needs an ipu21 such as c600); "
+                           "use --dtype fp16")
+
+
+def _calibrate(build, graph: Graph | None, calibration: dict[str, np.ndarray] | None) -> dict[str, int]:
+    """Scales from the user's inputs (the model built at their batch) or from one seeded sample."""
+    if calibration:
+        batch = len(next(iter(calibration.values())))
+        g = graph if build is None else build(batch)
+        assert g is not None
+        if "" in calibration:  # an .npy file: the model's only input
+            if len(g.inputs) != 1:
+                raise TremulaError(f"the model has inputs {', '.join(g.inputs)}: give calibration inputs as an .npz "
+                                   "with one array per input name")
+            calibration = {g.inputs[0]: calibration[""]}
+        if set(calibration) != set(g.inputs):
+            raise TremulaError(f"calibration inputs {sorted(calibration)} do not match the model's inputs "
+                               f"{sorted(g.inputs)}")
+        for name, arr in calibration.items():
+            if tuple(arr.shape) != g.types[name].shape:
+                raise TremulaError(f"calibration input {name!r} has shape {list(arr.shape)}, the model takes "
+                                   f"{list(g.types[name].shape)}")
+        return fp8_scales(g, {k: v.astype(g.types[k].dtype) for k, v in calibration.items()})
+    return fp8_scales(graph if build is None else build(1))  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------ planning
 
 
-def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None):
-    """Plan + memory plan (no Program): (lowering state, memory plan, liveness, reserved bytes)."""
-    g = cast_graph(canonical(graph), dtype)
+def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
+               scales: dict[str, int] | None = None):
+    """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes)."""
+    g = lower_precision(graph, dtype, chip, scales)
     # Tighter budgets mean more rounds or fewer tiles per matmul: the first plan that fits is kept, else the one with
-    # the lowest peak.
-    best = None
-    for frac, perm in PLAN_BUDGETS:
+    # the lowest peak. Only one lowering is alive at a time (a base model's is gigabytes at large batches): when the
+    # lowest peak was not the last one tried, it is lowered again.
+    best: tuple | None = None  # (peak bytes, budget index)
+    for i, (frac, perm) in enumerate(PLAN_BUDGETS):
+        plan = state = live = None  # drop the previous lowering before making the next
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm).lower()
         mp, live, reserved = memory_plan(state, chip)
-        if best is None or mp.peak_bytes < best[1].peak_bytes:
-            best = (state, mp, live, reserved)
+        plan = (state, mp, live, reserved)
+        if best is None or mp.peak_bytes < best[0]:
+            best = (mp.peak_bytes, i)
         # Budgets shrink only buffers, vertex state and exchange code: when the rest alone overflows, stop.
         fixed = mp.peak_bytes - sum(mp.by_category.get(c, 0) for c in ("buffers", "vertex_state", "exchange_code"))
         if mp.fits or fixed > chip.sram_bytes_per_tile:
             break
-    state, mp, live, reserved = best
-    return g, state, mp, live, reserved
+    assert best is not None and plan is not None
+    if best[1] != i:
+        plan = state = live = None
+        frac, perm = PLAN_BUDGETS[best[1]]
+        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm).lower()
+        plan = (state, *memory_plan(state, chip))
+    return (g, *plan)
 
 
-def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int) -> bool:
-    _, _, mp, _, _ = plan_graph(build(batch), chip, dtype)
+def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
+            scales: dict[str, int] | None = None) -> bool:
+    _, _, mp, _, _ = plan_graph(build(batch), chip, dtype, scales=scales)
     return mp.fits
 
 
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
-                   progress: Progress | None = None) -> int:
-    """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only."""
+                   progress: Progress | None = None, scales: dict[str, int] | None = None) -> int:
+    """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only.
+
+    FP8 scales change no byte or cycle of a plan, so the search plans with `scales` (or placeholders)."""
     dt = _resolve_dtype(dtype)
+    if dt == "fp8" and scales is None:
+        from tremula.passes.precision import activation_casts, fp8_linear_casts
+
+        scales = {n.name: 0 for n in activation_casts(fp8_linear_casts(canonical(build(1))))}
     probes = 0
 
     def ok(b: int) -> bool:
@@ -163,7 +229,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         probes += 1
         if progress:
             progress("batch search", probes, probes + 1)
-        return fits_at(build, chip, dt, b)
+        return fits_at(build, chip, dt, b, scales)
 
     if not ok(1):
         return 0
@@ -181,11 +247,13 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
 
 
 def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp32", seq_len: int | None = None,
-                  progress: Progress | None = None, require_fit: bool = True) -> CompileResult:
+                  progress: Progress | None = None, require_fit: bool = True,
+                  calibration: dict[str, np.ndarray] | None = None) -> CompileResult:
     """Compile a model (a Graph, a model spec for load_model, or a batch -> Graph builder) for `chip`.
 
     batch="auto" picks the largest batch that fits (needs a spec or a builder). With require_fit, a plan that does
     not fit raises DoesNotFit (with the largest batch that fits when the model can be rebuilt at other batches).
+    dtype="fp8" calibrates activation scales on `calibration` (input name -> array) or on one seeded sample.
     """
     t0 = time.perf_counter()
     if isinstance(chip, str):
@@ -193,13 +261,19 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
 
         chip = load_chip(chip)
     dt = _resolve_dtype(dtype)
+    _check_fp8(chip, dt)
     build = _builder(model, seq_len)
+    scales = None
+    if dt == "fp8":
+        if progress:
+            progress("calibrate", 0, 1)
+        scales = _calibrate(build, model if isinstance(model, Graph) else None, calibration)
     if batch == "auto":
         if build is None:
             raise TremulaError("--batch auto needs a model name or file, not an already built graph")
-        b = find_max_batch(build, chip, dtype, progress=progress)
+        b = find_max_batch(build, chip, dtype, progress=progress, scales=scales)
         if b == 0:
-            _, state, mp, _, _ = plan_graph(build(1), chip, dt)
+            _, state, mp, _, _ = plan_graph(build(1), chip, dt, scales=scales)
             raise DoesNotFit(mp.fullest_tile, mp.peak_time // 2, mp.by_category, mp.peak_bytes,
                              chip.sram_bytes_per_tile, 1, 0)
         batch = b
@@ -207,10 +281,11 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
     if batch < 1:
         raise TremulaError(f"batch must be >= 1 (got {batch})")
     graph = model if isinstance(model, Graph) else build(batch)  # type: ignore[misc]
-    g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress)
+    g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales)
     if require_fit and not mp.fits:
         # Batch 1 not fitting answers the search already; otherwise search below this batch.
-        max_b = 0 if batch == 1 else (find_max_batch(build, chip, dtype, limit=batch - 1) if build else None)
+        max_b = 0 if batch == 1 else (find_max_batch(build, chip, dtype, limit=batch - 1, scales=scales)
+                                      if build else None)
         raise DoesNotFit(mp.fullest_tile, mp.peak_time // 2, mp.by_category, mp.peak_bytes,
                          chip.sram_bytes_per_tile, batch, max_b)
     io = {n: (g.types[n].shape, g.types[n].dtype) for n in list(g.inputs) + list(g.outputs)}
@@ -223,7 +298,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
         comp, exch, sync = comp + c, exch + e, sync + y
     res = CompileResult(program, mp.fits, batch, dt, mp.fullest_tile, mp.peak_bytes, mp.peak_time // 2,
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
-                        dict(state.strategies))
+                        dict(state.strategies), graph=g)
     program.meta = {"summary": res.summary(), "model": graph.name}
     res.seconds = time.perf_counter() - t0
     return res
@@ -261,16 +336,19 @@ def make_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 @dataclass
 class OutputCheck:
     name: str
-    metric: str  # "max_rel_err" (fp32) or "cosine" (fp16)
+    metric: str  # what decides: "max_rel_err" (fp32) or "cosine" (fp16, fp8)
     value: float
     threshold: float
     passed: bool
+    cosine: float = float("nan")  # both measures are always reported
+    rel_err: float = float("nan")  # max |got - ref| / max |ref|
 
 
 @dataclass
 class CheckResult:
     compile: CompileResult
     outputs: list[OutputCheck]
+    layers: list = field(default_factory=list)  # fp8: passes.precision.LayerLoss per FP8 Linear, worst first
 
     @property
     def passed(self) -> bool:
@@ -278,29 +356,32 @@ class CheckResult:
 
 
 FP32_MAX_REL_ERR = 1e-4
-FP16_MIN_COSINE = 0.9995
+MIN_COSINE = {"float16": 0.9995, "fp8": 0.99}  # against the float32 reference (issue #5)
+FP16_MIN_COSINE = MIN_COSINE["float16"]
 
 
 def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype: str) -> OutputCheck:
     g, r = got.astype(np.float64).reshape(-1), ref.astype(np.float64).reshape(-1)
-    if dtype == "float32" or not np.issubdtype(ref.dtype, np.floating):
-        scale = np.max(np.abs(r)) if r.size else 0.0
-        err = float(np.max(np.abs(g - r)) / scale) if scale > 0 else float(np.max(np.abs(g - r), initial=0.0))
-        if not np.all(np.isfinite(g)):
-            err = float("inf")
-        return OutputCheck(name, "max_rel_err", err, FP32_MAX_REL_ERR, err <= FP32_MAX_REL_ERR)
+    finite = bool(np.all(np.isfinite(g)))
+    scale = np.max(np.abs(r)) if r.size else 0.0
+    err = float(np.max(np.abs(g - r)) / scale) if scale > 0 else float(np.max(np.abs(g - r), initial=0.0))
     denom = np.linalg.norm(g) * np.linalg.norm(r)
     cos = float(g @ r / denom) if denom > 0 else float(np.array_equal(g, r))
-    if not np.all(np.isfinite(g)):
-        cos = float("-inf")
-    return OutputCheck(name, "cosine", cos, FP16_MIN_COSINE, cos >= FP16_MIN_COSINE)
+    if not finite:
+        err, cos = float("inf"), float("-inf")
+    if dtype == "float32" or not np.issubdtype(ref.dtype, np.floating):
+        return OutputCheck(name, "max_rel_err", err, FP32_MAX_REL_ERR, err <= FP32_MAX_REL_ERR, cos, err)
+    need = MIN_COSINE.get(dtype, FP16_MIN_COSINE)
+    return OutputCheck(name, "cosine", cos, need, cos >= need, cos, err)
 
 
 def check_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp32", seq_len: int | None = None,
-                seed: int = 0, progress: Progress | None = None, check: bool = True) -> CheckResult:
+                seed: int = 0, progress: Progress | None = None, check: bool = True,
+                calibration: dict[str, np.ndarray] | None = None) -> CheckResult:
     """Compile, run the Program in the functional simulator on seeded inputs, compare with the reference interpreter.
 
-    The reference is always the float32 graph, so fp16 is judged against the model it approximates.
+    The reference is always the float32 graph, so fp16 and fp8 are judged against the model they approximate. For
+    fp8 the result also lists, per FP8 Linear, the error its own operand rounding adds (which layers lose most).
     """
     from tremula.sim.functional import simulate
 
@@ -308,13 +389,26 @@ def check_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp32
         from tremula.chip import load_chip
 
         chip = load_chip(chip)
-    res = compile_model(model, chip, batch, dtype, seq_len, progress)
+    res = compile_model(model, chip, batch, dtype, seq_len, progress, calibration=calibration)
     build = _builder(model, seq_len)
     graph = model if isinstance(model, Graph) else build(res.batch)  # type: ignore[misc]
     ref_graph = canonical(graph)
     feeds = make_feeds(ref_graph, seed)
-    sim_graph = cast_graph(ref_graph, res.dtype)
-    got = simulate(res.program, sim_graph, feeds, check=check, progress=progress)
+    got = simulate(res.program, res.graph, feeds, check=check, progress=progress)  # host streams cast the inputs
     ref = run(ref_graph, feeds)
     outs = [compare(o, got[o], ref[o], res.dtype) for o in ref_graph.outputs]
-    return CheckResult(res, outs)
+    layers = []
+    if res.dtype == "fp8":
+        from tremula.passes.precision import layer_losses
+
+        layers = layer_losses(_qdq_graph(ref_graph, res.graph), feeds)  # type: ignore[arg-type]
+    return CheckResult(res, outs, layers)
+
+
+def _qdq_graph(ref_graph: Graph, planned: Graph) -> Graph:
+    """The float32 graph with the planned FP8 casts (scales read back from the planned Fp8Quantize nodes)."""
+    from tremula.passes.precision import fp8_linear_casts, with_scales
+
+    q = fp8_linear_casts(ref_graph)
+    scales = {n.name.removesuffix(".quantize"): int(n.attrs["scale"]) for n in planned.nodes if n.op == "Fp8Quantize"}
+    return with_scales(q, scales)

@@ -269,15 +269,32 @@ add("CumSum", "f32_axis0", ("in", randn(4, 3)), axis=0)
 add("CumSum", "i64_last", ("in", ints(0, 2, 2, 7)), axis=-1)
 
 
-def halves(*shape: int, scale: float = 1.0) -> Gen:
-    """float32 values that are exact halves: the IPU casts to FP8 through half, ONNX directly; on halves they agree."""
-    return lambda rng: np.clip(rng.standard_normal(shape) * scale, -65000, 65000).astype("float16").astype("float32")
+def halves(*shape: int, scale: float = 1.0, dtype: str = "float32") -> Gen:
+    """Values that are exact halves: the IPU casts to FP8 through half, ONNX directly; on halves they agree."""
+    return lambda rng: np.clip(rng.standard_normal(shape) * scale, -65000, 65000).astype("float16").astype(dtype)
 
 
 add("Fp8Cast", "f143_scaled", ("in", halves(4, 6, scale=3.0)), fmt="F143", scale=-4)
 add("Fp8Cast", "f152_saturates", ("in", halves(4, 6, scale=3e4)), fmt="F152", scale=0)
 add("Fp8Cast", "f143_weight_scale_from_max_abs", ("const", halves(5, 7, scale=0.02)), fmt="F143", scale=None)
-OPSET_OF = {"Fp8Cast": 19}  # QuantizeLinear to an FP8 type needs opset 19
+add("Fp8Quantize", "f143_scaled", ("in", halves(4, 6, scale=3.0)), fmt="F143", scale=-4)
+add("Fp8Quantize", "f152_saturates_half_input", ("in", halves(3, 8, scale=3e4, dtype="float16")), fmt="F152", scale=2)
+
+
+def fp8_codes(fmt: str, *shape: int, low: int = -3, high: int = 4) -> Gen:
+    """Codes of small integers: every product and partial sum is exact, so ONNX's float32 MatMul agrees with the
+    AMP's half partials bit for bit (rounding of real partials is tested against amp_fp8_matmul in tests/unit)."""
+    from tremula.numerics.fp8 import Fp8Format, quantize
+
+    return lambda rng: quantize(rng.integers(low, high, shape).astype(np.float32), Fp8Format.parse(fmt))
+
+
+add("LinearFp8", "two_groups_bias", ("in", fp8_codes("F143", 2, 3, 64)), ("const", fp8_codes("F143", 64, 5)),
+    ("const", np.array([[-2]], np.int8)), ("const", lambda rng: rng.integers(-8, 8, 5).astype(np.float16)),
+    x_fmt="F143", w_fmt="F143", x_scale=-1, group=32)
+add("LinearFp8", "f152_weights_no_bias", ("in", fp8_codes("F143", 6, 16)), ("const", fp8_codes("F152", 16, 4)),
+    ("const", np.array([[3]], np.int8)), x_fmt="F143", w_fmt="F152", x_scale=0, group=32)
+OPSET_OF = {"Fp8Cast": 19, "Fp8Quantize": 19}  # QuantizeLinear to an FP8 type needs opset 19
 
 
 # ------------------------------------------------------------------------------------------------------------ the tests

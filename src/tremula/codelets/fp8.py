@@ -12,7 +12,7 @@ import numpy as np
 
 from tremula import cost
 from tremula.codelets import register
-from tremula.numerics.fp8 import Fp8Format, dequantize, quantize
+from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, quantize
 from tremula.plan import cost_terms
 
 FORMATS = (Fp8Format.F143, Fp8Format.F152)
@@ -36,23 +36,6 @@ def _cast_cycles(chip, params, shapes, dtypes) -> int:
     # Two conversions (to half when the input is float, then half -> quarter), each one vector pass.
     passes = 2 if dtypes[0] == "float32" else 1
     return passes * cost_terms.vector_cycles(chip, "copy", n, "float16")
-
-
-def amp_fp8_matmul(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format, w_fmt: Fp8Format, x_scale: int,
-                   w_scale: int, group: int) -> np.ndarray:
-    """[.., m, k] codes @ [.., k, n] codes -> float32 values of the half partials the AMP writes.
-
-    The quarter -> half AMP sums `group` input channels (its weights per conv unit) exactly, then adds that into a
-    half partial: so the running sum is rounded to half after every group of k. Decoding quarter to half is exact.
-    """
-    x = dequantize(x_codes, x_fmt, 0, "float32")
-    w = dequantize(w_codes, w_fmt, 0, "float32")
-    k = x.shape[-1]
-    acc = np.zeros(x.shape[:-1] + (w.shape[-1],), np.float16)
-    for k0 in range(0, k, group):
-        part = np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :])
-        acc = (acc.astype(np.float32) + part).astype(np.float16)
-    return acc.astype(np.float32) * np.float32(2.0 ** (x_scale + w_scale))
 
 
 def _matmul_fp8(ops: list[np.ndarray], params) -> None:

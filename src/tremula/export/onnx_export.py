@@ -306,6 +306,8 @@ def _patchify(c: _Ctx) -> None:
 # Ops whose reference computes float16 in float32 (or wider): exported in float32 between casts, to match it.
 _WIDEN_F16 = {
     "Fp8Cast",
+    "Fp8Quantize",
+    "LinearFp8",
     "Add",
     "Sub",
     "Mul",
@@ -358,6 +360,51 @@ def _fp8_cast(c: _Ctx) -> None:
     c.em.inits.append(helper.make_tensor(z, zero_type, [], [0.0]))
     q = c.em.op("QuantizeLinear", [c.ins[0], s, z], saturate=1)
     c.em.op("DequantizeLinear", [q, s], c.outs)
+
+
+def _fp8_table(em, fmt) -> str:
+    """float32[256]: the value of every code at scale 0 (the NaN code's entry is NaN)."""
+    return em.const(np.arange(256, dtype=np.uint8).view(fmt.np_dtype).astype(np.float32), "fp8_table")
+
+
+@_conv("Fp8Quantize")
+def _fp8_quantize(c: _Ctx) -> None:
+    # ONNX has no bit cast from an FP8 tensor to its byte: quantise and dequantise at scale 0, then find the code
+    # whose value that is (each fnuz value has exactly one code).
+    from tremula.numerics.fp8 import Fp8Format
+
+    if c.em.opset < 19:
+        raise TremulaError("exporting Fp8Quantize needs ONNX opset >= 19 (export_onnx(graph, opset=19))")
+    if c.a.get("rounding", "nearest") != "nearest":
+        raise TremulaError("Fp8Quantize with stochastic rounding has no ONNX form")
+    em, fmt = c.em, Fp8Format.parse(c.a["fmt"])
+    zero_type = onnx.TensorProto.FLOAT8E4M3FNUZ if fmt is Fp8Format.F143 else onnx.TensorProto.FLOAT8E5M2FNUZ
+    z = em.fresh("fp8_zero")
+    em.inits.append(helper.make_tensor(z, zero_type, [], [0.0]))
+    q = em.op("QuantizeLinear", [c.ins[0], em.const(np.array(2.0 ** int(c.a["scale"]), np.float32)), z], saturate=1)
+    v = em.op("DequantizeLinear", [q, em.const(np.array(1.0, np.float32))])
+    hit = em.op("Equal", [em.op("Unsqueeze", [v, em.ints([-1])]), _fp8_table(em, fmt)])
+    code = em.op("ArgMax", [em.op("Cast", [hit], to=onnx.TensorProto.FLOAT)], axis=-1, keepdims=0)
+    em.op("Cast", [code], c.outs, to=onnx.TensorProto.UINT8)
+
+
+@_conv("LinearFp8")
+def _linear_fp8(c: _Ctx) -> None:
+    # Decode both code tensors by table lookup and apply the scales; ONNX's float32 MatMul then matches the AMP's
+    # half partials whenever no partial needs rounding (the tests choose such values).
+    from tremula.numerics.fp8 import Fp8Format
+
+    em = c.em
+    x = em.op("Gather", [_fp8_table(em, Fp8Format.parse(c.a["x_fmt"])),
+                         em.op("Cast", [c.ins[0]], to=onnx.TensorProto.INT64)])
+    x = em.op("Mul", [x, em.const(np.array(2.0 ** int(c.a["x_scale"]), np.float32))])
+    w = em.op("Gather", [_fp8_table(em, Fp8Format.parse(c.a["w_fmt"])),
+                         em.op("Cast", [c.ins[1]], to=onnx.TensorProto.INT64)])
+    ws = em.op("Pow", [em.const(np.array(2.0, np.float32)), em.op("Cast", [c.ins[2]], to=onnx.TensorProto.FLOAT)])
+    y = em.op("MatMul", [x, em.op("Mul", [w, ws])])
+    if c.has(3):
+        y = em.op("Add", [y, c.ins[3]])
+    em.op("Cast", [y], c.outs, to=onnx_dtype(c.out_types[0].dtype))  # float16, or float32 inside a widened node
 
 
 def _f32(t: TensorType | None) -> TensorType | None:

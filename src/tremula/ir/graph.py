@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,6 +74,22 @@ class LazyInit:
         return x.astype(ttype.dtype)
 
 
+@dataclass(frozen=True, eq=False)
+class DerivedInit:
+    """A constant made from another constant's values when first needed (e.g. FP8 weight codes made from the float
+    weight at load time, as a runtime quantises weights when it loads them): planning never materialises either."""
+
+    source: Constant
+    fn: Callable[[np.ndarray], np.ndarray]
+    what: str  # for messages and reports, e.g. "fp8 codes F143"
+
+    def make(self, ttype: TensorType) -> np.ndarray:
+        out = np.asarray(self.fn(self.source.value()))
+        if tuple(out.shape) != ttype.shape:
+            raise TremulaError(f"{self.what} of {self.source.name!r}: made {list(out.shape)}, expected {ttype}")
+        return out.astype(ttype.dtype, copy=False)
+
+
 def name_seed(base_seed: int, name: str) -> int:
     """A seed for one named tensor, stable across runs and Python versions (hash() is salted; crc32 is not)."""
     return (base_seed * 1_000_003 + zlib.crc32(name.encode())) & 0xFFFFFFFF
@@ -85,7 +102,7 @@ class Constant:
     name: str
     type: TensorType
     data: np.ndarray | None = None
-    init: LazyInit | None = None
+    init: LazyInit | DerivedInit | None = None
 
     def __post_init__(self) -> None:
         if (self.data is None) == (self.init is None):

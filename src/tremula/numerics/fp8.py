@@ -130,3 +130,24 @@ def cast_to_half(x: np.ndarray, rounding: str = "nearest", rng: np.random.Genera
     tiny = np.abs(clipped) < np.finfo(np.float16).tiny
     out = np.where(tiny | np.isnan(clipped), clipped, np.clip(rounded, -f16max, f16max))
     return out.astype(np.float16)
+
+
+def amp_fp8_matmul(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format, w_fmt: Fp8Format, x_scale: int,
+                   w_scale: int, group: int) -> np.ndarray:
+    """[.., m, k] codes @ [.., k, n] codes -> float32 values of the half partials the AMP writes.
+
+    The quarter -> half AMP sums `group` input channels (its weights per conv unit) exactly, scales that by the two
+    tensors' 2**scale (exact: a power of two) and adds it into a half partial: so the running sum is rounded to half
+    after every group of k, and it is the scaled sum that must fit in half (unscaled F143 products reach 240 x 240,
+    which a few dozen terms would overflow). Decoding quarter to half is exact.
+    """
+    x = dequantize(x_codes, x_fmt, 0, "float32")
+    w = dequantize(w_codes, w_fmt, 0, "float32")
+    k = x.shape[-1]
+    scale = np.float32(2.0 ** (x_scale + w_scale))
+    f16max = float(np.finfo(np.float16).max)
+    acc = np.zeros(x.shape[:-1] + (w.shape[-1],), np.float16)
+    for k0 in range(0, k, group):
+        part = np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :]) * scale
+        acc = np.clip(acc.astype(np.float32) + part, -f16max, f16max).astype(np.float16)  # partials saturate
+    return acc.astype(np.float32)

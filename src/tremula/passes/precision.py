@@ -9,14 +9,15 @@ Linear(Fp8Cast(x), Fp8Cast(W)) and stores both operands as one-byte codes for th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from tremula.errors import TremulaError
-from tremula.ir.graph import Graph, Node
+from tremula.ir.graph import Constant, DerivedInit, Graph, Node, TensorType
 from tremula.ir.interp import infer_types, run
-from tremula.numerics.fp8 import Fp8Format, scale_for_max_abs
+from tremula.numerics.fp8 import Fp8Format, quantize, scale_for_max_abs
 
 
 @dataclass(frozen=True)
@@ -35,24 +36,29 @@ class Fp8Policy:
 
 
 def fp8_linear_casts(graph: Graph, policy: Fp8Policy = Fp8Policy()) -> Graph:
-    """Every Linear with a constant weight reads its activation and weight through Fp8Cast.
+    """Every Linear of an activation and a constant weight reads both through Fp8Cast.
 
     Weight casts carry scale=None (taken from the weight's max-abs when its values exist, so lazy weights stay lazy);
-    activation casts carry scale=None until `calibrate_fp8` fills them in.
+    activation casts carry scale=None until `calibrate_fp8` fills them in. Linears that read the same activation (Q, K
+    and V) share one cast, so the planner quantises it once.
     """
     g = graph.copy()
     nodes: list[Node] = []
+    act_cast: dict[str, str] = {}
     for n in g.nodes:
-        if n.op == "Linear" and n.inputs[1] in g.constants:
+        if n.op == "Linear" and n.inputs[1] in g.constants and n.inputs[0] not in g.constants:
             x, w = n.inputs[0], n.inputs[1]
-            xq, wq = g.fresh_name(f"{x}.fp8"), g.fresh_name(f"{w}.fp8")
-            g.types[xq], g.types[wq] = g.types[x], g.types[w]
-            seed = len(nodes)  # a distinct, stable stream per cast for stochastic rounding
-            nodes.append(Node("Fp8Cast", [x], [xq], {"fmt": policy.act_fmt.value, "scale": None,
-                                                     "rounding": policy.rounding, "seed": seed}, f"{n.name}.x_fp8"))
+            if x not in act_cast:
+                act_cast[x] = xq = g.fresh_name(f"{x}.fp8")
+                g.types[xq] = g.types[x]
+                seed = len(act_cast)  # a distinct, stable stream per cast for stochastic rounding
+                nodes.append(Node("Fp8Cast", [x], [xq], {"fmt": policy.act_fmt.value, "scale": None,
+                                                         "rounding": policy.rounding, "seed": seed}, f"{n.name}.x_fp8"))
+            wq = g.fresh_name(f"{w}.fp8")
+            g.types[wq] = g.types[w]
             nodes.append(Node("Fp8Cast", [w], [wq], {"fmt": policy.weight_fmt.value, "scale": None,
                                                      "rounding": "nearest"}, f"{n.name}.w_fp8"))
-            n = Node(n.op, [xq, wq] + n.inputs[2:], n.outputs, dict(n.attrs), n.name)
+            n = Node(n.op, [act_cast[x], wq] + n.inputs[2:], n.outputs, dict(n.attrs), n.name)
         nodes.append(n)
     g.nodes = nodes
     return infer_types(g)
@@ -62,24 +68,85 @@ def activation_casts(graph: Graph) -> list[Node]:
     return [n for n in graph.nodes if n.op == "Fp8Cast" and n.inputs[0] not in graph.constants]
 
 
-def calibrate_fp8(graph: Graph, feeds: dict[str, np.ndarray]) -> Graph:
-    """Fix each activation cast's scale from the max-abs its input reaches on the calibration inputs `feeds`.
+def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+    """Each activation cast's scale (by node name) from the max-abs its input reaches on the calibration inputs.
 
     The calibration runs the graph as it is (casts before this one already quantising), so each scale sees the
     values it will see at inference.
     """
     casts = activation_casts(graph)
     if not casts:
-        return graph
+        return {}
     values = run(graph, feeds, keep={n.inputs[0] for n in casts})
+    return {n.name: scale_for_max_abs(float(np.max(np.abs(values[n.inputs[0]]), initial=0.0)),
+                                      Fp8Format.parse(n.attrs["fmt"])) for n in casts}
+
+
+def with_scales(graph: Graph, scales: dict[str, int]) -> Graph:
+    """The graph with activation cast scales set by node name (a graph built at another batch has the same names)."""
+    missing = [n.name for n in activation_casts(graph) if n.name not in scales]
+    if missing:
+        raise TremulaError(f"no calibrated FP8 scale for {len(missing)} cast(s), e.g. {missing[0]!r}")
     g = graph.copy()
-    scales = {}
-    for n in casts:
-        fmt = Fp8Format.parse(n.attrs["fmt"])
-        scales[n.name] = scale_for_max_abs(float(np.max(np.abs(values[n.inputs[0]]), initial=0.0)), fmt)
     g.nodes = [Node(n.op, n.inputs, n.outputs, {**n.attrs, "scale": scales[n.name]}, n.name) if n.name in scales
                else n for n in g.nodes]
     return g
+
+
+def calibrate_fp8(graph: Graph, feeds: dict[str, np.ndarray]) -> Graph:
+    """Fix each activation cast's scale from the calibration inputs `feeds` (see calibration_scales)."""
+    return with_scales(graph, calibration_scales(graph, feeds))
+
+
+def _weight_codes(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda w: quantize(w, fmt, scale_for_max_abs(float(np.max(np.abs(w), initial=0.0)), fmt))
+
+
+def _weight_scale(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda w: np.full((1, 1), scale_for_max_abs(float(np.max(np.abs(w), initial=0.0)), fmt), np.int8)
+
+
+def fp8_storage(graph: Graph, group: int) -> Graph:
+    """Linear(Fp8Cast(x), Fp8Cast(W)) -> LinearFp8(Fp8Quantize(x), W codes, W scale): the form the C600 runs.
+
+    W's codes (uint8) and its scale (an int8 [1, 1] tensor, the QUARTER metadata) become constants made from W when
+    first needed, so weights stay lazy through planning. `group` is the AMP's input channels per conv unit: the
+    quarter -> half AMP rounds its running sum to half after each group (numerics/fp8.amp_fp8_matmul).
+    """
+    g = graph.copy()
+    producers = g.producers()
+    quantized: dict[str, str] = {}  # Fp8Cast(x) output -> Fp8Quantize output
+    stored: dict[str, tuple[str, str]] = {}  # weight -> (codes, scale) constants
+    nodes: list[Node] = []
+    for n in g.nodes:
+        xc, wc = (producers.get(i) for i in n.inputs[:2]) if n.op == "Linear" else (None, None)
+        if not (xc and wc and xc.op == "Fp8Cast" and wc.op == "Fp8Cast" and wc.inputs[0] in g.constants
+                and xc.inputs[0] not in g.constants):
+            nodes.append(n)
+            continue
+        if xc.attrs.get("scale") is None:
+            raise TremulaError(f"FP8 cast {xc.name!r} has no scale: calibrate the graph first")
+        xq = n.inputs[0]
+        if xq not in quantized:
+            quantized[xq] = q = g.fresh_name(f"{xc.inputs[0]}.q8")
+            g.types[q] = TensorType(g.types[xc.inputs[0]].shape, "uint8")
+            nodes.append(Node("Fp8Quantize", [xc.inputs[0]], [q], dict(xc.attrs), f"{xc.name}.quantize"))
+        w = wc.inputs[0]
+        wfmt = Fp8Format.parse(wc.attrs["fmt"])
+        if w not in stored:
+            src = g.constants[w]
+            codes, scale = g.fresh_name(f"{w}.codes"), g.fresh_name(f"{w}.scale")
+            for name, ttype, fn, what in ((codes, TensorType(src.type.shape, "uint8"), _weight_codes(wfmt), "codes"),
+                                          (scale, TensorType((1, 1), "int8"), _weight_scale(wfmt), "scale")):
+                g.constants[name] = Constant(name, ttype, init=DerivedInit(src, fn, f"FP8 {wfmt.value} {what}"))
+                g.types[name] = ttype
+            stored[w] = (codes, scale)
+        attrs = {"x_fmt": xc.attrs["fmt"], "w_fmt": wfmt.value, "x_scale": int(xc.attrs["scale"]), "group": group}
+        nodes.append(Node("LinearFp8", [quantized[xq], *stored[w], *n.inputs[2:]], n.outputs, attrs, n.name))
+    g.nodes = nodes
+    from tremula.passes.dce import eliminate_dead_code
+
+    return infer_types(eliminate_dead_code(g))
 
 
 @dataclass(frozen=True)

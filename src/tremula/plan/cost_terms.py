@@ -23,7 +23,10 @@ def _d(dtype: str) -> str:
 
 
 def matmul_cycles(chip, m: int, k: int, n: int, dtype: str) -> int:
-    # fp16 inputs accumulate in fp32 on the AMP (the conv units' half->float path), as the codelet does.
+    # fp16 inputs accumulate in fp32 on the AMP (the conv units' half->float path), as the codelet does; uint8 operands
+    # are FP8 codes on the quarter->half path (codelets/fp8.py), the only FP8 path the C600 has.
+    if dtype == "uint8":
+        return int(cost.amp_matmul_cycles(chip, m, k, n, "fp8", "float16"))
     return int(cost.amp_matmul_cycles(chip, m, k, n, _d(dtype), "float32"))
 
 

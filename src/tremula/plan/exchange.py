@@ -34,6 +34,17 @@ class SymTransfers:
     def __len__(self) -> int:
         return len(self.src_tile)
 
+    def compact(self) -> SymTransfers:
+        """The same transfers in int32 (every field is a tile, buffer id, count or in-buffer offset, all far below
+        2**31): a lowered base model keeps hundreds of thousands of transfers until the Program is made."""
+        fields = [getattr(self, k) for k in self.__dataclass_fields__]
+        if any(len(a) and (a.max() >= 2**31 or a.min() < -2**31) for a in fields):
+            return self
+        return SymTransfers(*(a.astype(np.int32) for a in fields))
+
+    def widened(self) -> SymTransfers:
+        return SymTransfers(*(getattr(self, k).astype(I64) for k in self.__dataclass_fields__))
+
     @staticmethod
     def concat(parts: list[SymTransfers]) -> SymTransfers:
         parts = [p for p in parts if len(p)]

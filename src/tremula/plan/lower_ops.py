@@ -9,6 +9,7 @@ import numpy as np
 
 from tremula.codelets import f2i
 from tremula.codelets.elementwise import BINARY_IDS, UNARY_IDS
+from tremula.codelets.fp8 import format_id
 from tremula.codelets.norm import REDUCE_IDS
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
@@ -24,14 +25,15 @@ STRIDE = 1 << 40  # index maps encode (input k, element e) as k * STRIDE + e
 
 MOVE_OPS = {"Reshape", "Transpose", "Slice", "Concat", "Split", "Expand", "Identity", "Patchify"}
 ROW_OPS = {"LayerNorm", "Softmax", "ReduceSum", "ReduceMean", "ReduceMax"}
-ELEMENTWISE = set(UNARY_IDS) | set(BINARY_IDS) | {"Where", "Cast", "Gelu"}
+ELEMENTWISE = set(UNARY_IDS) | set(BINARY_IDS) | {"Where", "Cast", "Gelu", "Fp8Quantize"}
+MATMULS = ("Linear", "MatMul", "LinearFp8")
 
 
 def supported(graph: Graph) -> list[str]:
     """Ops in the graph this planner cannot place (each op once)."""
     bad = []
     for n in graph.nodes:
-        ok = n.op in MOVE_OPS | ROW_OPS | ELEMENTWISE | {"Linear", "MatMul", "Attention", "Gather"}
+        ok = n.op in MOVE_OPS | ROW_OPS | ELEMENTWISE | set(MATMULS) | {"Attention", "Gather"}
         if not ok and n.op not in bad:
             bad.append(n.op)
     return bad
@@ -48,13 +50,15 @@ class Lowerer(LoweringState):
         lin_bytes = 0
         self.n_linear = 0
         for n in graph.nodes:
-            if n.op in ("Linear", "MatMul") and n.inputs[1] in graph.constants:
+            if n.op in MATMULS and n.inputs[1] in graph.constants:
                 lin_bytes += graph.types[n.inputs[1]].nbytes
                 self.n_linear += 1
         self.consumers = graph.consumers()
         # Cap on how many times matmul weights are replicated, so all of them together stay within the budget of
-        # what a tile has left after code (bounded by every codelet's code on every tile).
-        usable = chip.sram_bytes_per_tile - BASE_CODE_BYTES - sum(CODE_BYTES.values())
+        # what a tile has left after code (bounded by every codelet's code on every tile; FP8 ones only when used).
+        has_fp8 = any(n.op == "LinearFp8" for n in graph.nodes)
+        code = sum(v for c, v in CODE_BYTES.items() if has_fp8 or c not in ("matmul_fp8", "fp8_cast"))
+        usable = chip.sram_bytes_per_tile - BASE_CODE_BYTES - code
         self.pm_max = max(1, int(WEIGHT_FRACTION * max(usable, 0) * chip.tiles // max(lin_bytes, 1)))
         self.cursor = 0  # first tile of the next weight placement: rotating spreads weights over all tiles
         self.row_block_bytes = int(ROW_BLOCK_FRACTION * chip.sram_bytes_per_tile)
@@ -230,6 +234,10 @@ class Lowerer(LoweringState):
             name, params = "where", [0]
         elif node.op in BINARY_IDS:
             name, params = "binary", [BINARY_IDS[node.op]]
+        elif node.op == "Fp8Quantize":
+            name = "fp8_cast"
+            params = [format_id(node.attrs["fmt"]), int(node.attrs["scale"]),
+                      int(node.attrs.get("rounding") == "stochastic"), int(node.attrs.get("seed", 0))]
         elif node.op == "Gelu":
             name = "unary"
             params = [UNARY_IDS["GeluTanh" if node.attrs.get("approximate", "none") == "tanh" else "Gelu"]]
@@ -362,7 +370,9 @@ class Lowerer(LoweringState):
     # ------------------------------------------------------------------------------------------------ matmul
     def _lower_linear(self, node) -> None:
         x, w = node.inputs[0], node.inputs[1]
-        b = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+        fp8 = node.op == "LinearFp8"  # inputs (x codes, w codes, w scale, bias): the quarter->half AMP path
+        nb = 3 if fp8 else 2
+        b = node.inputs[nb] if len(node.inputs) > nb and node.inputs[nb] else None
         out = node.outputs[0]
         if w not in self.graph.constants or len(self.types[w].shape) != 2:
             if node.op == "MatMul":
@@ -373,7 +383,7 @@ class Lowerer(LoweringState):
         n = wt.shape[1]
         src = self.layout_of(x)
         # Column-block outputs suit only consumers that keep the layout (a unary op) or read K-slices (a matmul).
-        out_rows = not all(c.op in ("Linear", "MatMul") or (c.op in ELEMENTWISE and sum(map(bool, c.inputs)) == 1)
+        out_rows = not all(c.op in MATMULS or (c.op in ELEMENTWISE and sum(map(bool, c.inputs)) == 1)
                            for c in self.consumers.get(out, []))
         shape = SourceShape(int(np.diff(src.row_cuts).max()), int(np.diff(src.col_cuts).min()), out_rows, self.n_linear)
         st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction)
@@ -389,41 +399,54 @@ class Lowerer(LoweringState):
         if b is not None:
             bbuf, brel = self.resident(f"{b}@{out}", b, self.types[b].dtype, tl, 0, 1, ncuts[gj], ncuts[gj + 1])
             bias = (bbuf, brel)
+        # The FP8 weight's scale (QUARTER metadata) is a one-byte operand next to each weight block.
+        meta = self.resident(f"{node.inputs[2]}@{out}", node.inputs[2], "int8", tl, 0, 1, 0, 1) if fp8 else None
         isz = np.dtype(xt.dtype).itemsize
         mi = mcuts[gi + 1] - mcuts[gi]
         chunk = cdiv(int(mi.max()), st.serial)
         xbuf = self.new_buffer(f"{x}@{out}", "buffers", tl, chunk * kl * isz)
         if pk == 1:
-            self._linear_direct(node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias)
+            self._linear_direct(node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias, meta)
         else:
             self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
-                                 bias)
+                                 bias, meta)
         self.strategies[node.name or out] = str(st)
 
-    def _linear_direct(self, node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias) -> None:
+    @staticmethod
+    def _matmul_codelet(node, meta, live, has_bias: int) -> tuple[str, list, list]:
+        """(codelet, params, extra operands after x and w): the FP8 path adds the weight-scale operand."""
+        if meta is None:
+            return "matmul", [has_bias], []
+        a = node.attrs
+        params = [has_bias, format_id(a["x_fmt"]), format_id(a["w_fmt"]), int(a["x_scale"]), int(a["group"])]
+        return "matmul_fp8", params, [(meta[0], meta[1][live], 1, 1)]
+
+    def _linear_direct(self, node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias,
+                       meta=None) -> None:
         x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
         xt, wt, ot = self.types[x], self.types[w], self.types[out]
-        isz = np.dtype(xt.dtype).itemsize
+        isz, osz = np.dtype(xt.dtype).itemsize, np.dtype(ot.dtype).itemsize
         pm, pn = len(mcuts) - 1, len(ncuts) - 1
         lay = self.alloc_layout(out + "@mm", mcuts[-1], ncuts[-1], ot.dtype, mcuts, ncuts, tl.reshape(pm, pn))
         orel = lay.rel.reshape(-1)
-        dtypes = (xt.dtype, wt.dtype) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
+        dtypes = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
         for u in range(st.serial):
             r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
             r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
             live = r1 > r0
             self.exchange(gather_rects(src, r0[live], r1[live], 0, k, tl[live], xbuf, 0, k * isz))
             rows = (r1 - r0)[live]
-            ops = [(xbuf, 0, rows, k), (wbuf, wrel[live], k, nj[live])]
+            codelet, params, extra = self._matmul_codelet(node, meta, live, int(bias is not None))
+            ops = [(xbuf, 0, rows, k), (wbuf, wrel[live], k, nj[live])] + extra
             if bias:
                 ops.append((bias[0], bias[1][live], 1, nj[live]))
-            ops.append((lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * isz, rows, nj[live]))
-            self.compute([self.group("matmul", dtypes, tl[live], [int(bias is not None)], ops)],
+            ops.append((lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * osz, rows, nj[live]))
+            self.compute([self.group(codelet, dtypes, tl[live], params, ops)],
                          f"{node.op} {out}" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
         self.set_output(out, lay)
 
     def _linear_split_k(self, node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
-                        bias) -> None:
+                        bias, meta=None) -> None:
         """K split over pk tiles: each computes a float32 partial; the owner of each row slice sums them (+ bias)."""
         x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
         xt, wt, ot = self.types[x], self.types[w], self.types[out]
@@ -461,8 +484,11 @@ class Lowerer(LoweringState):
             self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live], xbuf,
                                        0, kl[live] * isz))
             rows = (r1 - r0)[live]
-            ops = [(xbuf, 0, rows, kl[live]), (wbuf, wrel[live], kl[live], nj[live]), (pbuf, 0, rows, nj[live])]
-            self.compute([self.group("matmul_partial", (xt.dtype, wt.dtype, "float32"), tl[live], [0], ops)],
+            codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
+            codelet = "matmul_partial" if meta is None else codelet  # the FP8 AMP writes float partials as well
+            ops = [(xbuf, 0, rows, kl[live]), (wbuf, wrel[live], kl[live], nj[live]), *extra, (pbuf, 0, rows, nj[live])]
+            dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + ("float32",)
+            self.compute([self.group(codelet, dts, tl[live], params, ops)],
                          f"{node.op} {out} partials" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
             # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
             rows_all = r1 - r0
@@ -497,6 +523,7 @@ class Lowerer(LoweringState):
         self.set_output(out, lay)
 
     _lower_matmul = _lower_linear
+    _lower_linearfp8 = _lower_linear
 
     def _lower_batched_matmul(self, node) -> None:
         a, b = node.inputs

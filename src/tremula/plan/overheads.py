@@ -15,6 +15,7 @@ import numpy as np
 CODE_BYTES = {
     "matmul": 4096, "matmul_partial": 4096, "reduce_partials": 1024, "attention": 6144, "layernorm": 2048,
     "softmax": 1536, "reduce": 1024, "unary": 1024, "binary": 1024, "where": 768, "embed": 768,
+    "matmul_fp8": 4096, "fp8_cast": 1024,  # the quarter AMP path and the float->quarter cast (codelets/fp8.py)
 }
 # Fixed per-tile runtime: supervisor control program, sync and stream handling.
 BASE_CODE_BYTES = 2048

@@ -137,7 +137,7 @@ class LoweringState:
             return
         if not self.steps:
             self.steps.append(SymStep(label="exchange"))
-        self.steps[-1].transfers.append(t)
+        self.steps[-1].transfers.append(t.compact())
 
     def compute(self, groups: list[SymGroup], label: str) -> None:
         groups = [g for g in groups if len(g.tiles)]

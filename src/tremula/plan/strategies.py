@@ -100,6 +100,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     """
     tiles, sram = chip.tiles, chip.sram_bytes_per_tile
     isz = np.dtype(dtype).itemsize
+    osz = 2 if dtype == "uint8" else isz  # FP8 codes in, half out
     temp_budget = max(temp_fraction * sram, 1)
     sync = cost_terms.sync_cycles(chip)
     best: tuple | None = None
@@ -117,7 +118,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                 recv = rows * kl * isz
                 sent = cdiv(m * k * isz, min(tiles, m * pk)) // serial
                 ex = cost_terms.exchange_cycles(chip, sent, recv) + sync
-                mem = k * n * isz // (pn * pk) + rows * kl * isz + mi * nj * isz // pk
+                mem = k * n * isz // (pn * pk) + rows * kl * isz + mi * nj * osz // pk
                 if pk > 1:
                     sub = cdiv(rows, pk)
                     part = rows * nj * 4

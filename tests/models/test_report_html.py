@@ -17,6 +17,7 @@ from tremula.chip import load_chip
 from tremula.compiler import compile_model
 from tremula.frontends import load_model
 from tremula.report import build_profile, write_html
+from tremula.timing.program_schedule import schedule_program
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
                  if p and Path(p).exists()), None)
@@ -64,9 +65,11 @@ def test_report_renders_in_chromium(tmp_path):
     chip = load_chip("mk2")
     graph = load_model("vit-tiny", batch=2)
     res = compile_model(graph, chip, batch=2, dtype="fp16")
-    report = write_html(build_profile(res, graph, chip), tmp_path / "report.html")
+    exchanges = schedule_program(res.program, chip)  # the steps table then shows makespans against bounds
+    report = write_html(build_profile(res, graph, chip, exchanges=exchanges), tmp_path / "report.html")
     text = report.read_text()
     assert "<script" not in text and not re.search(r"(src|href)=\"(https?:)?//", text)  # self-contained
+    assert "exchange makespan" in text and "makespan / bound" in text and 'id="exchange-code"' in text
     probed = tmp_path / "probed.html"
     probed.write_text(text.replace("</body>", PROBE + "</body>"))
 

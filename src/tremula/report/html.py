@@ -12,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from tremula.report.profile import CATEGORIES
+from tremula.timing.program_schedule import timetable_line
 
 COLORS = {"weights": "#4c72b0", "activations": "#dd8452", "buffers": "#55a868", "code": "#c44e52",
           "vertex_state": "#8172b3", "exchange_code": "#937860", "compute": "#4c72b0", "sync": "#c44e52",
@@ -183,11 +184,16 @@ def _summary_table(profile) -> str:
         ("model FLOPs per batch", _si(s.model_flops, "FLOP")),
         ("MFU", f"{100 * s.mfu:.3f}% of {_si(s.peak_flops, 'FLOP/s')}"),
         ("cycles: compute / exchange / sync",
-         f"{s.compute_cycles:,} / {s.exchange_cycles:,} / {s.sync_cycles:,} over {s.steps} steps"),
+         f"{s.compute_cycles:,} / {s.exchange_cycles:,} / {s.sync_cycles:,} over {s.steps} steps (exchange: "
+         + ("scheduled timetables" if s.timetables else "cost model bound") + ")"),
         ("fullest tile", f"tile {s.fullest_tile}: {_bytes(s.peak_tile_bytes)} of {_bytes(s.sram_bytes_per_tile)} ("
                          + ", ".join(f"{k} {_bytes(v)}" for k, v in s.fullest_tile_bytes.items() if v) + ")"),
         ("compile time", f"{s.compile_seconds:.2f} s"),
     ]
+    if s.timetables:
+        rows[-1:-1] = [("exchange timetables", timetable_line(s.timetables)),
+                       ("cycles with scheduled exchanges",
+                        f"{s.cycles:,} (vs {s.priced_cycles:,} with the cost model's bounds)")]
     return '<table class="kv">' + "".join(f"<tr><td>{_e(k)}</td><td class=l>{v if k == 'fits' else _e(v)}</td></tr>"
                                          for k, v in rows) + "</table>"
 
@@ -215,18 +221,39 @@ def _ops_table(profile) -> str:
     return "".join(parts)
 
 
+def _timetable_cells(r) -> str:
+    """Lower bound, makespan / bound and the cost model's price of a step's exchange ('-' where none was run)."""
+    if r.exchange_makespan is None:
+        return f"<td>-</td><td>-</td><td>{r.priced_exchange:,}</td>"
+    return f"<td>{r.exchange_lower_bound:,}</td><td>{r.exchange_ratio:.3f}</td><td>{r.priced_exchange:,}</td>"
+
+
 def _steps_table(profile) -> str:
-    head = ("<tr><th>#</th><th class=l>label</th><th>compute</th><th>sync</th><th>exchange</th><th>total</th>"
+    timed = profile.summary.timetables is not None
+    extra = "<th>lower bound</th><th>makespan / bound</th><th>cost model</th>" if timed else ""
+    head = ("<tr><th>#</th><th class=l>label</th><th>compute</th><th>sync</th>"
+            f"<th>{'exchange makespan' if timed else 'exchange'}</th>{extra}<th>total</th>"
             "<th>tiles</th><th>vertices</th><th>max/mean tile</th><th>exchange bytes</th>"
             "<th>busiest tile sent/recv</th>"
             "<th>live (fullest tile)</th><th>live (all tiles)</th></tr>")
     body = "".join(
         f"<tr><td>{r.index}</td><td class=l>{_e(r.label)}</td><td>{r.compute:,}</td><td>{r.sync:,}</td>"
-        f"<td>{r.exchange:,}</td><td>{r.total:,}</td><td>{r.tiles_used}</td><td>{r.vertices:,}</td>"
+        f"<td>{r.exchange:,}</td>{_timetable_cells(r) if timed else ''}<td>{r.total:,}</td><td>{r.tiles_used}</td>"
+        f"<td>{r.vertices:,}</td>"
         f"<td>{r.balance:.2f}</td><td>{r.exchange_bytes:,}</td><td>{r.max_tile_sent:,} / {r.max_tile_received:,}</td>"
         f"<td>{_bytes(r.live_peak_tile_bytes)}</td><td>{_bytes(r.live_total_bytes)}</td></tr>"
         for r in profile.steps)
-    return f'<div class="scroll"><table>{head}{body}</table></div>'
+    note = ("Exchange cycles are the scheduled timetables' makespans; lower bound = busiest receive or send port's "
+            "bytes / bandwidth + fixed cost; cost model = the planner's price (busiest tile's bytes / bandwidth + "
+            "fixed cost)." if timed else
+            "Exchange cycles are the cost model's bound (busiest tile's bytes / bandwidth + fixed cost); "
+            "<code>tremula compile --timetable</code> schedules them.")
+    return f'<p class="muted">{note}</p><div class="scroll"><table>{head}{body}</table></div>'
+
+
+def _exchange_code(profile) -> str:
+    x = profile.exchange_code
+    return "" if x is None else f'<p id="exchange-code">{_e(x.sentence())}</p>'
 
 
 def render_html(profile) -> str:
@@ -246,7 +273,7 @@ def render_html(profile) -> str:
 <h2 id="ops">Operations</h2>
 <p class="muted">Per op type; open a row for its nodes. Exchange-only steps are charged to the node they feed.</p>
 {_ops_table(profile)}
-<h2 id="memory">Memory per tile</h2>{_img(plot_tile_memory(profile), "memory per tile")}
+<h2 id="memory">Memory per tile</h2>{_img(plot_tile_memory(profile), "memory per tile")}{_exchange_code(profile)}
 <h2 id="liveness">Liveness per step</h2>{_img(plot_liveness(profile), "liveness per step")}
 <h2 id="steps">Steps</h2>{_steps_table(profile)}
 </body></html>

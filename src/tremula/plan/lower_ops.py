@@ -113,8 +113,16 @@ class Lowerer(LoweringState):
         self._ex_written = set()
 
     def take_tiles(self, n: int) -> np.ndarray:
-        """n consecutive tiles (mod T) for an op that places resident weights: the least loaded window."""
-        return self.least_loaded(n)
+        """n tiles for an op that places resident weights: the n with the fewest weight bytes so far (ties from a
+        rotating cursor, so equal loads give consecutive tiles). Any n tiles will do, so weights stay balanced to
+        within about one block even when ops of very different sizes follow each other (a window of consecutive
+        tiles left SigLIP so400m's fullest tile 38 % above the mean)."""
+        n = min(n, self.T)
+        rot = (np.arange(self.T) - self.cursor) % self.T
+        pick = np.lexsort((rot, self.wload))[:n]
+        pick = pick[np.argsort(rot[pick], kind="stable")]
+        self.cursor = (int(pick[-1]) + 1) % self.T
+        return pick.astype(I64)
 
     # ------------------------------------------------------------------------------------------------ layouts
     def layout_of(self, value: str) -> Layout:

@@ -25,8 +25,18 @@ BYTES_PER_OPERAND = 8
 BYTES_PER_PARAM = 4
 # Exchange code without a chip: a send or a receive-mux selection is one 32-bit instruction; a 2-D pattern adds a
 # loop setup of a few instructions, so 16 bytes per transfer on each tile taking part (sender and every receiver).
-# With a chip, its `exchange_instruction_bytes` (chip file) prices one set-up instruction plus one per row instead.
+# With a chip, its `exchange_instruction_bytes` (chip file) prices instructions (see side_instructions).
 EXCHANGE_BYTES_PER_TRANSFER = 16
+
+
+def side_instructions(rows, row_bytes, stride) -> np.ndarray:
+    """Exchange instructions one side of a transfer runs: one set-up (the sender's first address; the receiver's mux
+    select and incoming pointer) plus one per row when its rows are not back to back in its memory. A contiguous
+    side streams every row through the one pointer, which advances by itself; a strided side re-points per row.
+    An estimate [I]: no public source gives exchange code sizes."""
+    rows = np.asarray(rows, np.int64)
+    strided = (rows > 1) & (np.asarray(stride, np.int64) != np.asarray(row_bytes, np.int64))
+    return 1 + np.where(strided, rows, 0)
 
 
 def reserved_bytes(tiles: int, steps, chip=None) -> dict[str, np.ndarray]:
@@ -44,12 +54,15 @@ def reserved_bytes(tiles: int, steps, chip=None) -> dict[str, np.ndarray]:
             vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
         tables = [s.exchange] if hasattr(s, "exchange") else s.transfers
         for t in tables:
+            ndst = np.diff(t.dst_start)
             if instr is None:
-                per = np.full(len(t.src_tile), EXCHANGE_BYTES_PER_TRANSFER, np.int64)
+                send = np.full(len(t.src_tile), EXCHANGE_BYTES_PER_TRANSFER, np.int64)
+                recv = np.repeat(send, ndst)
             else:
-                per = instr * (1 + np.asarray(t.rows, np.int64))
-            excode += np.bincount(t.src_tile, weights=per, minlength=tiles).astype(np.int64)
-            excode += np.bincount(t.d_tile, weights=np.repeat(per, np.diff(t.dst_start)), minlength=tiles).astype(np.int64)
+                send = instr * side_instructions(t.rows, t.row_bytes, t.src_stride)
+                recv = instr * side_instructions(np.repeat(t.rows, ndst), np.repeat(t.row_bytes, ndst), t.d_stride)
+            excode += np.bincount(t.src_tile, weights=send, minlength=tiles).astype(np.int64)
+            excode += np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(np.int64)
     code = np.full(tiles, BASE_CODE_BYTES, np.int64)
     for name, mark in code_sets.items():
         code += mark * CODE_BYTES.get(name, 1024)

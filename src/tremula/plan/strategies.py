@@ -67,8 +67,10 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
                     bias: bool = True) -> int:
     """Vertex state + exchange code one Linear candidate leaves on each of its tiles (the model of overheads.py).
 
-    A transfer costs one set-up instruction plus one per row of its 2-D pattern, on the sender and every receiver:
-    gathering a K-slice of rows is one row per operand row unless the source blocks are exactly that slice.
+    A transfer costs each side one set-up instruction plus one per row where that side's rows are not back to back
+    (overheads.side_instructions). Gathering a K-slice of rows into the contiguous operand buffer: the receiver
+    re-points per row only when the slice comes from several source blocks; the sender re-points per row when its
+    blocks are wider than the slice, and that send is multicast to the pn tiles that share the slice.
     """
     from tremula.plan.overheads import BYTES_PER_OPERAND, BYTES_PER_PARAM, VERTEX_HEADER_BYTES
 
@@ -77,8 +79,10 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
     nrb = cdiv(rows, max(src.row_block, 1)) + 1  # source row blocks a round's rows touch
     whole = src.col_block == kl  # each piece is a whole source block row range: contiguous on both sides
     ncb = 1 if whole else cdiv(kl, max(src.col_block, 1)) + 1
-    recv = nrb * ncb * 2 if whole else rows * ncb + nrb * ncb
-    code = recv
+    pieces = nrb * ncb
+    recv = pieces + (rows * ncb if ncb > 1 else 0)
+    send = pieces if whole else cdiv(rows * ncb, pn)
+    code = recv + send
     if pk > 1:
         vs += VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * (pk + 1 + bias) + 2 * BYTES_PER_PARAM
         code += 4 * (pk - 1)  # reduce-scatter: contiguous slices sent and received

@@ -250,6 +250,10 @@ def compile_cmd(
                   soft_wrap=True)
         if profile is not None and profile.exchange_code is not None:
             out.print(f"  {profile.exchange_code.sentence()}", soft_wrap=True)
+            if profile.exchange_code.peak_tile_bytes > c.sram_bytes_per_tile:  # the plan's estimate was too low
+                out.print(f"  [bold]warning[/bold]: with the timetables' exchange code tile "
+                          f"{profile.exchange_code.peak_tile} would need {profile.exchange_code.peak_tile_bytes:,} of "
+                          f"{c.sram_bytes_per_tile:,} bytes: this plan does not fit", soft_wrap=True)
     if profile is not None:
         from tremula.report import explain
 

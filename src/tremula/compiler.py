@@ -213,10 +213,12 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
 
 
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
-                   progress: Progress | None = None, scales: dict[str, int] | None = None) -> int:
+                   progress: Progress | None = None, scales: dict[str, int] | None = None,
+                   one_fits: bool | None = None) -> int:
     """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only.
 
-    FP8 scales change no byte or cycle of a plan, so the search plans with `scales` (or placeholders)."""
+    FP8 scales change no byte or cycle of a plan, so the search plans with `scales` (or placeholders). `one_fits`:
+    the caller already planned batch 1."""
     dt = _resolve_dtype(dtype)
     if dt == "fp8" and scales is None:
         from tremula.passes.precision import activation_casts, fp8_linear_casts
@@ -231,7 +233,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
             progress("batch search", probes, probes + 1)
         return fits_at(build, chip, dt, b, scales)
 
-    if not ok(1):
+    if not (one_fits if one_fits is not None else ok(1)):
         return 0
     lo, hi = 1, 2
     while hi <= limit and ok(hi):
@@ -271,12 +273,12 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
     if batch == "auto":
         if build is None:
             raise TremulaError("--batch auto needs a model name or file, not an already built graph")
-        b = find_max_batch(build, chip, dtype, progress=progress, scales=scales)
-        if b == 0:
-            _, state, mp, _, _ = plan_graph(build(1), chip, dt, scales=scales)
+        # Batch 1 first: when it does not fit, its plan is what the error reports.
+        mp = plan_graph(build(1), chip, dt, scales=scales)[2]
+        if not mp.fits:
             raise DoesNotFit(mp.fullest_tile, mp.peak_time // 2, mp.by_category, mp.peak_bytes,
                              chip.sram_bytes_per_tile, 1, 0)
-        batch = b
+        batch = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True)
     batch = int(batch)
     if batch < 1:
         raise TremulaError(f"batch must be >= 1 (got {batch})")

@@ -36,9 +36,9 @@ class DoesNotFit(TremulaError):
     """The program's peak memory on some tile exceeds its SRAM."""
 
     def __init__(self, tile: int, step: int, by_category: dict[str, int], peak: int, sram: int, batch: int,
-                 max_batch: int | None):
+                 max_batch: int | None, detail: str = ""):
         self.tile, self.step, self.by_category, self.peak, self.sram = tile, step, by_category, peak, sram
-        self.batch, self.max_batch = batch, max_batch
+        self.batch, self.max_batch, self.detail = batch, max_batch, detail
         cats = ", ".join(f"{k} {v:,}" for k, v in by_category.items() if v)
         if max_batch is None:
             hint = "try a smaller batch, fp16, or a chip with more SRAM"
@@ -47,7 +47,14 @@ class DoesNotFit(TremulaError):
         else:
             hint = f"the largest batch that fits is {max_batch} (use --batch {max_batch} or --batch auto)"
         super().__init__(f"does not fit at batch {batch}: tile {tile} needs {peak:,} of {sram:,} bytes at step {step} "
-                         f"({cats}); {hint}")
+                         f"({cats}); {hint}" + (f". On tile {tile}: {detail}" if detail else ""))
+
+
+def _does_not_fit(state, mp, live, chip, batch: int, max_batch: int | None) -> DoesNotFit:
+    from tremula.plan.diagnose import fullest_tile
+
+    return DoesNotFit(mp.fullest_tile, mp.peak_time // 2, mp.by_category, mp.peak_bytes, chip.sram_bytes_per_tile,
+                      batch, max_batch, fullest_tile(state, mp, live, chip))
 
 
 @dataclass
@@ -274,10 +281,10 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
         if build is None:
             raise TremulaError("--batch auto needs a model name or file, not an already built graph")
         # Batch 1 first: when it does not fit, its plan is what the error reports.
-        mp = plan_graph(build(1), chip, dt, scales=scales)[2]
+        _, state, mp, live, _ = plan_graph(build(1), chip, dt, scales=scales)
         if not mp.fits:
-            raise DoesNotFit(mp.fullest_tile, mp.peak_time // 2, mp.by_category, mp.peak_bytes,
-                             chip.sram_bytes_per_tile, 1, 0)
+            raise _does_not_fit(state, mp, live, chip, 1, 0)
+        state = live = None
         batch = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True)
     batch = int(batch)
     if batch < 1:
@@ -288,8 +295,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
         # Batch 1 not fitting answers the search already; otherwise search below this batch.
         max_b = 0 if batch == 1 else (find_max_batch(build, chip, dtype, limit=batch - 1, scales=scales)
                                       if build else None)
-        raise DoesNotFit(mp.fullest_tile, mp.peak_time // 2, mp.by_category, mp.peak_bytes,
-                         chip.sram_bytes_per_tile, batch, max_b)
+        raise _does_not_fit(state, mp, live, chip, batch, max_b)
     io = {n: (g.types[n].shape, g.types[n].dtype) for n in list(g.inputs) + list(g.outputs)}
     program = to_program(state, chip, mp, live, reserved, dt, batch, io)
     comp = exch = sync = 0

@@ -44,3 +44,21 @@ def test_residual_adds_do_not_stay_on_one_set_of_tiles():
     assert len(adds) >= 4
     tile_sets = {tuple(np.unique(low.layouts[a].tiles).tolist()) for a in adds}
     assert len(tile_sets) == len(adds)  # each residual Add's blocks sit on tiles of their own
+
+
+def test_does_not_fit_names_what_fills_the_tile():
+    from pathlib import Path
+
+    import pytest
+
+    from tremula.compiler import DoesNotFit, compile_model
+    from tremula.plan.diagnose import fold
+
+    tiny16 = str(Path(__file__).resolve().parents[2] / "examples" / "chips" / "tiny16.toml")
+    with pytest.raises(DoesNotFit) as e:
+        compile_model("vit-tiny", tiny16, 64, "fp32")
+    detail = e.value.detail
+    assert "live there:" in detail and "exchange code there from" in detail and "weights there:" in detail
+    assert str(e.value).endswith(detail) and "\n" not in str(e.value)
+    assert fold("encoder.layers.5.attention.v_113@encoder.layers.5.attention_114") == \
+        "encoder.layers.#.attention.v@encoder.layers.#.attention"

@@ -78,6 +78,7 @@ class Lowerer(LoweringState):
         for i, node in enumerate(g.nodes):
             if self.progress:
                 self.progress("plan", i, len(g.nodes))
+            self.owner = node.name or node.outputs[0]
             getattr(self, "_lower_" + self._kind(node.op))(node)
         for o in g.outputs:
             self.host_out.append(SymStream(o, self.layout_of(o)))

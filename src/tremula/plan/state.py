@@ -42,6 +42,7 @@ class SymStep:
     groups: list[SymGroup] = field(default_factory=list)
     transfers: list[SymTransfers] = field(default_factory=list)
     label: str = ""
+    owners: list[str] = field(default_factory=list)  # per transfer table: the node whose lowering asked for it
 
 
 @dataclass
@@ -69,6 +70,7 @@ def operand(buf, rel, rows, cols) -> tuple:
 
 class LoweringState:
     def __init__(self, tiles: int):
+        self.owner = ""  # the node being lowered (its name): exchanges are attributed to it for diagnoses
         self.T = tiles
         self.bufs: list[BufSpec] = []
         self.steps: list[SymStep] = []
@@ -138,6 +140,7 @@ class LoweringState:
         if not self.steps:
             self.steps.append(SymStep(label="exchange"))
         self.steps[-1].transfers.append(t.compact())
+        self.steps[-1].owners.append(self.owner)
 
     def compute(self, groups: list[SymGroup], label: str) -> None:
         groups = [g for g in groups if len(g.tiles)]

@@ -1,0 +1,57 @@
+"""Why a plan does not fit: what fills the fullest tile at its peak, by name. The "does not fit" error quotes it, so a
+user sees which buffers and which ops' exchanges took the memory, not only the totals by category."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+
+from tremula.plan.overheads import side_instructions
+
+
+def fold(name: str) -> str:
+    """Layer numbers and uniquifying suffixes out, so repeated layers add up under one name."""
+    return re.sub(r"_\d+(?=$|@|\.)", "", re.sub(r"\.\d+\.", ".#.", name))
+
+
+def _top(c: Counter, n: int) -> str:
+    return ", ".join(f"{k} {v:,} B" for k, v in c.most_common(n))
+
+
+def fullest_tile(state, mp, live, chip, top: int = 3) -> str:
+    """One sentence: the largest live buffers at the fullest tile's peak, and the ops whose exchanges put the most
+    code and whose weights put the most bytes on that tile (repeated layers folded together)."""
+    t, when = mp.fullest_tile, mp.peak_time
+    buffers: Counter = Counter()
+    for b, spec in enumerate(state.bufs):
+        if spec.category != "weights" and live.first[b] <= when <= live.last[b]:
+            k = np.flatnonzero(spec.tiles == t)
+            if len(k):
+                buffers[fold(spec.name)] += int(spec.sizes[k[0]])
+    code: Counter = Counter()
+    instr = getattr(chip, "exchange_instruction_bytes", 4)
+    for s in state.steps:
+        for tr, owner in zip(s.transfers, s.owners):
+            nd = np.diff(tr.dst_start)
+            send = side_instructions(tr.rows, tr.row_bytes, tr.src_stride)[tr.src_tile == t].sum()
+            mine = tr.d_tile == t
+            recv = side_instructions(np.repeat(tr.rows, nd)[mine], np.repeat(tr.row_bytes, nd)[mine],
+                                     tr.d_stride[mine]).sum()
+            if send + recv:
+                code[fold(owner)] += int(instr * (send + recv))
+    weights: Counter = Counter()
+    for c in state.consts:
+        mine = c.tiles == t
+        if mine.any():
+            nbytes = (c.r1 - c.r0) * (c.c1 - c.c0) * np.dtype(c.dtype).itemsize
+            weights[fold(c.name)] += int(nbytes[mine].sum())
+    parts = []
+    if buffers:
+        parts.append(f"live there: {_top(buffers, top)}")
+    if code:
+        parts.append(f"exchange code there from {_top(code, top)}")
+    if weights:
+        parts.append(f"weights there: {_top(weights, top)}")
+    return "; ".join(parts)

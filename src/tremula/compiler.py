@@ -222,7 +222,9 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
                    progress: Progress | None = None, scales: dict[str, int] | None = None,
                    one_fits: bool | None = None) -> int:
-    """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only.
+    """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only. Fitting
+    is not strictly monotone in the batch (splits and budgets change with it), so this is the largest the search
+    finds, and every batch it returns has a plan that fits.
 
     FP8 scales change no byte or cycle of a plan, so the search plans with `scales` (or placeholders). `one_fits`:
     the caller already planned batch 1."""

@@ -1,7 +1,12 @@
-"""The attention codelet: one (batch*head, query block) on one tile, with K and V for that head delivered to it.
+"""The attention codelets: one (batch*head, query block) on one tile, with K and V for that head delivered to it.
 
 softmax(q @ k^T * scale + mask) @ v with max-subtraction and float32 accumulation; causal keeps key j for global query
 row i iff j <= i + Sk - Sq (the reference's tril offset).
+
+When a head's K and V are too big for one tile, the keys are split over tiles: `attention_partial` computes, for its
+block of keys, the unnormalised p @ v with its own row max and row sum, and `attention_combine` rescales the blocks'
+results to their common max and divides by the total sum (the same algebra as a one-pass softmax, exact up to
+rounding).
 """
 
 from __future__ import annotations
@@ -36,3 +41,61 @@ def _attention_cycles(chip, params, shapes, dtypes) -> int:
 
 
 register("attention", _attention, (-1,), _attention_cycles)
+
+
+def _scores(q, k, mask, causal, q_start, sq, k_start, sk_total, scale):
+    acc = np.float32 if q.dtype == np.float16 else q.dtype.type
+    s = np.matmul(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * acc(scale)
+    if mask is not None:
+        s = s + mask.astype(acc)
+    if causal:
+        rows = np.arange(q_start, q_start + q.shape[-2])[:, None]
+        keys = k_start + np.arange(k.shape[-2])[None, :]
+        s = np.where(keys <= rows + (sk_total - sq), s, -np.inf)
+    return s, acc
+
+
+def _attention_partial(ops, params) -> None:
+    # params: (has_mask, causal, q_start, sq, sk, scale bits, k_start). operands: q [r,d], k [kb,d], v [kb,dv],
+    # (mask [1|r, kb]), out [r, dv + 2] float32: p @ v unnormalised, then the row max and the row sum of p.
+    has_mask, causal, q_start, sq, sk, scale_bits, k_start = params
+    q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
+    s, acc = _scores(q, k, ops[3] if has_mask else None, causal, q_start, sq, k_start, sk, i2f(scale_bits))
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, acc(0))  # a block with every key masked contributes p = 0
+    p = np.exp(s - m)
+    dv = v.shape[-1]
+    out[..., :dv] = np.matmul(p, v.astype(acc))
+    out[..., dv: dv + 1] = np.where(np.isfinite(np.max(s, axis=-1, keepdims=True)), m, -np.inf)
+    out[..., dv + 1: dv + 2] = np.sum(p, axis=-1, keepdims=True)
+
+
+def _attention_partial_cycles(chip, params, shapes, dtypes) -> int:
+    (r, d), (kb, _), (_, dv) = shapes[0], shapes[1], shapes[2]
+    return (cost_terms.matmul_cycles(chip, r, d, kb, dtypes[0]) + cost_terms.matmul_cycles(chip, r, kb, dv, dtypes[0])
+            + cost_terms.softmax_cycles(chip, r, kb, "float32") + cost_terms.vector_cycles(chip, "mul", r * kb, "float32"))
+
+
+def _attention_combine(ops, params) -> None:
+    # params: (blocks,). operands: `blocks` partials [r, dv + 2] float32 (attention_partial's), out [r, dv]
+    parts = np.stack([o.astype(np.float32) for o in ops[:-1]])
+    dv = ops[-1].shape[-1]
+    m = parts[..., dv: dv + 1]
+    top = np.max(m, axis=0)
+    w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
+    num = np.sum(w * parts[..., :dv], axis=0)
+    den = np.sum(w * parts[..., dv + 1: dv + 2], axis=0)
+    ops[-1][...] = (num / den).astype(ops[-1].dtype)
+
+
+def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
+    nb = int(params[0])
+    r, dv = shapes[-1]
+    # per block: a max, an exp of the rescale and a multiply-add over its rows; then one divide
+    return (nb * (cost_terms.vector_cycles(chip, "max", r, "float32") + cost_terms.vector_cycles(chip, "exp", r, "float32")
+                  + 2 * cost_terms.vector_cycles(chip, "mul", r * (dv + 1), "float32"))
+            + cost_terms.vector_cycles(chip, "divide", r * dv, "float32"))
+
+
+register("attention_partial", _attention_partial, (-1,), _attention_partial_cycles)
+register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles)

@@ -16,9 +16,10 @@ from tremula.ir.graph import Graph
 from tremula.ir.ops import _norm_axis, rule
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
 from tremula.plan.layout import Layout, blocks, even_cuts, reshape_free, view2d
-from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES
+from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
 from tremula.plan.state import LoweringState, SymConst, SymStream
-from tremula.plan.strategies import ROW_BLOCK_FRACTION, TEMP_FRACTION, WEIGHT_FRACTION, SourceShape, cdiv, choose_linear
+from tremula.plan.strategies import (ATTENTION_KV_FRACTION, ROW_BLOCK_FRACTION, TEMP_FRACTION, WEIGHT_FRACTION,
+                                     SourceShape, cdiv, choose_linear)
 
 I64 = np.int64
 STRIDE = 1 << 40  # index maps encode (input k, element e) as k * STRIDE + e
@@ -56,8 +57,8 @@ class Lowerer(LoweringState):
         self.consumers = graph.consumers()
         # Cap on how many times matmul weights are replicated, so all of them together stay within the budget of
         # what a tile has left after code (bounded by every codelet's code on every tile; FP8 ones only when used).
-        has_fp8 = any(n.op == "LinearFp8" for n in graph.nodes)
-        code = sum(v for c, v in CODE_BYTES.items() if has_fp8 or c not in ("matmul_fp8", "fp8_cast"))
+        needs = {"fp8"} if any(n.op == "LinearFp8" for n in graph.nodes) else set()
+        code = sum(v for c, v in CODE_BYTES.items() if OPTIONAL_CODELETS.get(c, "always") in needs | {"always"})
         usable = chip.sram_bytes_per_tile - BASE_CODE_BYTES - code
         self.pm_max = max(1, int(WEIGHT_FRACTION * max(usable, 0) * chip.tiles // max(lin_bytes, 1)))
         self.cursor = 0  # first tile of the next weight placement: rotating spreads weights over all tiles
@@ -405,7 +406,10 @@ class Lowerer(LoweringState):
         # Column-block outputs suit only consumers that keep the layout (a unary op) or read K-slices (a matmul).
         out_rows = not all(c.op in MATMULS or (c.op in ELEMENTWISE and sum(map(bool, c.inputs)) == 1)
                            for c in self.consumers.get(out, []))
-        shape = SourceShape(int(np.diff(src.row_cuts).max()), int(np.diff(src.col_cuts).min()), out_rows, self.n_linear)
+        ncol = len(src.col_cuts) - 1
+        even = ncol if np.array_equal(src.col_cuts, even_cuts(k, ncol)) else 0  # K cuts a matmul with pk = ncol makes
+        shape = SourceShape(int(np.diff(src.row_cuts).max()), int(np.diff(src.col_cuts).min()), out_rows, self.n_linear,
+                            even)
         st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction)
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
@@ -599,6 +603,12 @@ class Lowerer(LoweringState):
         sk, dv = vt.shape[-2:]
         lead = qt.shape[:-2]
         bh = int(np.prod(lead, dtype=I64))
+        isz = np.dtype(qt.dtype).itemsize
+        # A head's K and V on every tile of that head: past the budget, split the keys over tiles instead.
+        kv_bytes = sk * (d + dv) * isz
+        nk = min(sk, cdiv(kv_bytes, int(ATTENTION_KV_FRACTION * self.chip.sram_bytes_per_tile)), max(1, self.T // bh))
+        if nk > 1:
+            return self._attention_key_blocks(node, nk)
         nq = max(1, min(sq, self.T // bh)) if bh < self.T else 1
         qcuts = even_cuts(sq, nq)
         nq = len(qcuts) - 1
@@ -608,7 +618,6 @@ class Lowerer(LoweringState):
         nu = len(u_bh)
         u_tile = np.arange(nu, dtype=I64) % self.T
         used = np.unique(u_tile)
-        isz = np.dtype(qt.dtype).itemsize
         maxq = int((u_q1 - u_q0).max())
         qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
         kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, sk * d * isz)
@@ -654,6 +663,80 @@ class Lowerer(LoweringState):
             self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], f"Attention {out}")
         self.set_output(out, lay)
         self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
+
+    def _attention_key_blocks(self, node, nk: int) -> None:
+        """Keys split in nk blocks: unit (head, query block, key block) per tile computes a partial (p @ v, row max,
+        row sum); the key-block-0 tile of each (head, query block) gathers the others' partials and combines them."""
+        q, k, v = node.inputs[:3]
+        mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+        out = node.outputs[0]
+        qt, kt, vt, ot = (self.types[x] for x in (q, k, v, out))
+        sq, d = qt.shape[-2:]
+        sk, dv = vt.shape[-2:]
+        lead = qt.shape[:-2]
+        bh = int(np.prod(lead, dtype=I64))
+        nq = max(1, min(sq, self.T // (bh * nk)))
+        qcuts, kcuts = even_cuts(sq, nq), even_cuts(sk, nk)
+        nq, nk = len(qcuts) - 1, len(kcuts) - 1
+        # unit index = (b * nq + i) * nk + j; nu <= T by the choice of nk and nq
+        b_ = np.repeat(np.arange(bh, dtype=I64), nq * nk)
+        i_ = np.tile(np.repeat(np.arange(nq, dtype=I64), nk), bh)
+        j_ = np.tile(np.arange(nk, dtype=I64), bh * nq)
+        q0, q1, k0, k1 = qcuts[i_], qcuts[i_ + 1], kcuts[j_], kcuts[j_ + 1]
+        nu = len(b_)
+        tl = (np.arange(nu, dtype=I64) + self.row_cursor) % self.T  # rotating, like row layouts
+        self.row_cursor = (self.row_cursor + nu) % self.T
+        isz = np.dtype(qt.dtype).itemsize
+        maxq, maxk = int((q1 - q0).max()), int((k1 - k0).max())
+        qbuf = self.new_buffer(f"{q}@{out}", "buffers", tl, maxq * d * isz)
+        kbuf = self.new_buffer(f"{k}@{out}", "buffers", tl, maxk * d * isz)
+        vbuf = self.new_buffer(f"{v}@{out}", "buffers", tl, maxk * dv * isz)
+        pw = (dv + 2) * 4
+        pbuf = self.new_buffer(f"{out}@partial", "buffers", tl, maxq * pw)
+        lq, lk, lv = (self._as_matrix(x, c) for x, c in ((q, d), (k, d), (v, dv)))
+        parts = [gather_rects(lq, b_ * sq + q0, b_ * sq + q1, 0, d, tl, qbuf, 0, d * isz),
+                 gather_rects(lk, b_ * sk + k0, b_ * sk + k1, 0, d, tl, kbuf, 0, d * isz),
+                 gather_rects(lv, b_ * sk + k0, b_ * sk + k1, 0, dv, tl, vbuf, 0, dv * isz)]
+        nrows, nkeys = q1 - q0, k1 - k0
+        ops = [(qbuf, 0, nrows, d), (kbuf, 0, nkeys, d), (vbuf, 0, nkeys, dv)]
+        dtypes = [qt.dtype, kt.dtype, vt.dtype]
+        if mask is not None:
+            mt = self.types[mask]
+            midx = np.broadcast_to(np.arange(mt.size, dtype=I64).reshape(mt.shape), tuple(lead) + (sq, sk))
+            midx = midx.reshape(bh, sq, sk)
+            same = bool((midx == midx[:, :1, :]).all())
+            misz = np.dtype(mt.dtype).itemsize
+            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", tl, (1 if same else maxq) * maxk * misz)
+            el = [(midx[b, :1, a:c] if same else midx[b, r0:r1, a:c]).reshape(-1)
+                  for b, r0, r1, a, c in zip(b_, q0, q1, k0, k1)]
+            cnt = np.array([len(x) for x in el], I64)
+            parts.append(gather_elems(self.layout_of(mask), np.concatenate(el), np.repeat(tl, cnt), mbuf,
+                                      np.concatenate([np.arange(c, dtype=I64) * misz for c in cnt])))
+            ops.append((mbuf, 0, 1 if same else nrows, nkeys))
+            dtypes.append(mt.dtype)
+        self.exchange(SymTransfers.concat(parts))
+        ops.append((pbuf, 0, nrows, dv + 2))
+        dtypes.append("float32")
+        params = np.stack([np.full(nu, int(mask is not None)), np.full(nu, int(node.attrs.get("causal", 0))), q0,
+                           np.full(nu, sq), np.full(nu, sk), np.full(nu, f2i(node.attrs["scale"])), k0], axis=1)
+        self.compute([self.group("attention_partial", tuple(dtypes), tl, params, ops)], f"Attention {out} partials")
+        # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.
+        own = j_ == 0
+        rbuf = self.new_buffer(f"{out}@recv", "buffers", tl[own], (nk - 1) * maxq * pw)
+        snd = np.flatnonzero(~own)
+        owner = snd - j_[snd]
+        nb_ = nrows[snd] * pw
+        self.exchange(make_transfers(tl[snd], pbuf, 0, 1, nb_, nb_, tl[owner], rbuf, (j_[snd] - 1) * maxq * pw, nb_))
+        o_idx = np.flatnonzero(own)
+        rows_cuts = np.concatenate([b_[o_idx] * sq + q0[o_idx], [bh * sq]])
+        lay = self.alloc_layout(out + "@attn", bh * sq, dv, ot.dtype, rows_cuts, [0, dv], tl[o_idx][:, None])
+        cops = [(pbuf, 0, nrows[o_idx], dv + 2)] + [(rbuf, j * maxq * pw, nrows[o_idx], dv + 2) for j in range(nk - 1)]
+        cops.append((lay.buf, lay.rel[:, 0], nrows[o_idx], dv))
+        self.compute([self.group("attention_combine", ("float32",) * nk + (ot.dtype,), tl[o_idx], [nk], cops)],
+                     f"Attention {out} combine")
+        self.set_output(out, lay)
+        self.strategies[node.name or out] = (f"attention, {bh} heads x {nq} query blocks x {nk} key blocks over "
+                                             f"{nu} tiles")
 
     def _as_matrix(self, value: str, cols: int) -> Layout:
         lay = self.layout_of(value)

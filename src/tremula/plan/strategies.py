@@ -20,6 +20,12 @@ TEMP_FRACTION = 0.12  # of a tile's SRAM that one op's gathered operand block ma
 BUFFER_FRACTION = 0.2
 # of a tile's SRAM that one block of a row-layout activation may take (more row parts beyond that)
 ROW_BLOCK_FRACTION = 0.02
+# of a tile's SRAM that one matmul's weight block may take: weights are placed block by block on the least-loaded
+# tiles, so the block size bounds how unevenly they end up (SigLIP so400m's fc2 on 48 tiles, 103 KB blocks, left two
+# on one tile: 206 KB against a 291 KB mean of all weights)
+WEIGHT_BLOCK_FRACTION = 0.05
+# of a tile's SRAM that one attention head's K and V may take on a tile; beyond it the keys are split over tiles
+ATTENTION_KV_FRACTION = 0.08
 
 
 def cdiv(a: int, b: int) -> int:
@@ -61,6 +67,7 @@ class SourceShape:
     col_block: int  # columns per block of the operand's layout (== k when it holds whole rows)
     out_rows: bool  # the consumer needs whole rows of the output (a row op or a re-layout), not column blocks
     n_linear: int  # matmuls in the graph: they share the permanent budget
+    col_parts: int = 0  # the operand's column blocks are even_cuts(k, col_parts) (0: they are not)
 
 
 def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk: int, pn: int,
@@ -77,7 +84,8 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
     instr = getattr(chip, "exchange_instruction_bytes", 4)
     vs = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * (3 + bias) + BYTES_PER_PARAM
     nrb = cdiv(rows, max(src.row_block, 1)) + 1  # source row blocks a round's rows touch
-    whole = src.col_block == kl  # each piece is a whole source block row range: contiguous on both sides
+    # each piece is a whole source block row range, contiguous on both sides: the K cuts are the operand's own
+    whole = src.col_block == kl or (src.col_parts > 1 and pk == src.col_parts)
     ncb = 1 if whole else cdiv(kl, max(src.col_block, 1)) + 1
     pieces = nrb * ncb
     recv = pieces + (rows * ncb if ncb > 1 else 0)
@@ -133,6 +141,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                 over = max(0, mem - (WEIGHT_FRACTION + temp_fraction) * sram)
                 wbytes = k * n * isz // (pn * pk)
                 over += max(0, mem - wbytes - BUFFER_FRACTION * temp_fraction / TEMP_FRACTION * sram)
+                over += max(0, wbytes - WEIGHT_BLOCK_FRACTION * sram)
                 if src is not None and perm_fraction is not None:
                     # The permanent budget is shared by the matmuls that land on a tile: fewer when this one uses fewer
                     # tiles (weights rotate over all tiles).

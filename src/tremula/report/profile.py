@@ -31,7 +31,7 @@ I64 = np.int64
 CATEGORIES = ("weights", "activations", "buffers", "code", "vertex_state", "exchange_code")
 RESERVED = ("code", "vertex_state", "exchange_code")
 MATMUL_CODELETS = ("matmul", "matmul_partial", "matmul_fp8")
-ATTENTION_CODELETS = ("attention",)
+ATTENTION_CODELETS = ("attention", "attention_partial")
 
 
 @dataclass

@@ -73,7 +73,8 @@ def _attention_partial(ops, params) -> None:
 def _attention_partial_cycles(chip, params, shapes, dtypes) -> int:
     (r, d), (kb, _), (_, dv) = shapes[0], shapes[1], shapes[2]
     return (cost_terms.matmul_cycles(chip, r, d, kb, dtypes[0]) + cost_terms.matmul_cycles(chip, r, kb, dv, dtypes[0])
-            + cost_terms.softmax_cycles(chip, r, kb, "float32") + cost_terms.vector_cycles(chip, "mul", r * kb, "float32"))
+            + cost_terms.softmax_cycles(chip, r, kb, "float32")
+            + cost_terms.vector_cycles(chip, "mul", r * kb, "float32"))
 
 
 def _attention_combine(ops, params) -> None:
@@ -92,9 +93,10 @@ def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
     nb = int(params[0])
     r, dv = shapes[-1]
     # per block: a max, an exp of the rescale and a multiply-add over its rows; then one divide
-    return (nb * (cost_terms.vector_cycles(chip, "max", r, "float32") + cost_terms.vector_cycles(chip, "exp", r, "float32")
-                  + 2 * cost_terms.vector_cycles(chip, "mul", r * (dv + 1), "float32"))
-            + cost_terms.vector_cycles(chip, "divide", r * dv, "float32"))
+    per_block = (cost_terms.vector_cycles(chip, "max", r, "float32")
+                 + cost_terms.vector_cycles(chip, "exp", r, "float32")
+                 + 2 * cost_terms.vector_cycles(chip, "mul", r * (dv + 1), "float32"))
+    return nb * per_block + cost_terms.vector_cycles(chip, "divide", r * dv, "float32")
 
 
 register("attention_partial", _attention_partial, (-1,), _attention_partial_cycles)

@@ -18,8 +18,15 @@ from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make
 from tremula.plan.layout import Layout, blocks, even_cuts, reshape_free, view2d
 from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
 from tremula.plan.state import LoweringState, SymConst, SymStream
-from tremula.plan.strategies import (ATTENTION_KV_FRACTION, ROW_BLOCK_FRACTION, TEMP_FRACTION, WEIGHT_FRACTION,
-                                     SourceShape, cdiv, choose_linear)
+from tremula.plan.strategies import (
+    ATTENTION_KV_FRACTION,
+    ROW_BLOCK_FRACTION,
+    TEMP_FRACTION,
+    WEIGHT_FRACTION,
+    SourceShape,
+    cdiv,
+    choose_linear,
+)
 
 I64 = np.int64
 STRIDE = 1 << 40  # index maps encode (input k, element e) as k * STRIDE + e
@@ -594,15 +601,18 @@ class Lowerer(LoweringState):
         return gather_elems(src, elems, dt, buf, dr)
 
     # ------------------------------------------------------------------------------------------------ attention
-    def _lower_attention(self, node) -> None:
+    def _attention_operands(self, node):
+        """(q, k, v, mask or None, out, their four types, (Sq, d, Sk, dv), leading dims, batch*heads)."""
         q, k, v = node.inputs[:3]
         mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
         out = node.outputs[0]
-        qt, kt, vt, ot = (self.types[x] for x in (q, k, v, out))
-        sq, d = qt.shape[-2:]
-        sk, dv = vt.shape[-2:]
-        lead = qt.shape[:-2]
-        bh = int(np.prod(lead, dtype=I64))
+        types = tuple(self.types[x] for x in (q, k, v, out))
+        (sq, d), (sk, dv) = types[0].shape[-2:], types[2].shape[-2:]
+        lead = types[0].shape[:-2]
+        return q, k, v, mask, out, types, (sq, d, sk, dv), lead, int(np.prod(lead, dtype=I64))
+
+    def _lower_attention(self, node) -> None:
+        q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
         isz = np.dtype(qt.dtype).itemsize
         # A head's K and V on every tile of that head: past the budget, split the keys over tiles instead.
         kv_bytes = sk * (d + dv) * isz
@@ -667,14 +677,7 @@ class Lowerer(LoweringState):
     def _attention_key_blocks(self, node, nk: int) -> None:
         """Keys split in nk blocks: unit (head, query block, key block) per tile computes a partial (p @ v, row max,
         row sum); the key-block-0 tile of each (head, query block) gathers the others' partials and combines them."""
-        q, k, v = node.inputs[:3]
-        mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
-        out = node.outputs[0]
-        qt, kt, vt, ot = (self.types[x] for x in (q, k, v, out))
-        sq, d = qt.shape[-2:]
-        sk, dv = vt.shape[-2:]
-        lead = qt.shape[:-2]
-        bh = int(np.prod(lead, dtype=I64))
+        q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
         nq = max(1, min(sq, self.T // (bh * nk)))
         qcuts, kcuts = even_cuts(sq, nq), even_cuts(sk, nk)
         nq, nk = len(qcuts) - 1, len(kcuts) - 1

@@ -18,32 +18,8 @@ from tremula.codelets.norm import softmax_rows
 from tremula.plan import cost_terms
 
 
-def _attention(ops, params) -> None:
-    # params: (has_mask, causal, q_start, sq, sk, scale bits). operands: q [r,d], k [sk,d], v [sk,dv], (mask [1|r, sk]),
-    # out [r, dv]
-    has_mask, causal, q_start, sq, sk, scale_bits = params
-    q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
-    acc = np.float32 if q.dtype == np.float16 else q.dtype.type
-    s = np.matmul(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * acc(i2f(scale_bits))
-    if has_mask:
-        s = s + ops[3].astype(acc)
-    if causal:
-        rows = np.arange(q_start, q_start + q.shape[-2])[:, None]
-        s = np.where(np.arange(sk)[None, :] <= rows + (sk - sq), s, -np.inf)
-    p = softmax_rows(s)
-    out[...] = np.matmul(p, v.astype(acc)).astype(out.dtype)
-
-
-def _attention_cycles(chip, params, shapes, dtypes) -> int:
-    (r, d), (sk, _), (_, dv) = shapes[0], shapes[1], shapes[2]
-    return (cost_terms.matmul_cycles(chip, r, d, sk, dtypes[0]) + cost_terms.matmul_cycles(chip, r, sk, dv, dtypes[0])
-            + cost_terms.softmax_cycles(chip, r, sk, "float32") + cost_terms.vector_cycles(chip, "mul", r * sk, "float32"))
-
-
-register("attention", _attention, (-1,), _attention_cycles)
-
-
 def _scores(q, k, mask, causal, q_start, sq, k_start, sk_total, scale):
+    """q @ k^T * scale (+ mask), causal keys masked to -inf; float32 for half inputs. Keys are k_start.. of sk_total."""
     acc = np.float32 if q.dtype == np.float16 else q.dtype.type
     s = np.matmul(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * acc(scale)
     if mask is not None:
@@ -55,26 +31,39 @@ def _scores(q, k, mask, causal, q_start, sq, k_start, sk_total, scale):
     return s, acc
 
 
+def _attention(ops, params) -> None:
+    # params: (has_mask, causal, q_start, sq, sk, scale bits). operands: q [r,d], k [sk,d], v [sk,dv], (mask [1|r, sk]),
+    # out [r, dv]
+    has_mask, causal, q_start, sq, sk, scale_bits = params
+    q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
+    s, acc = _scores(q, k, ops[3] if has_mask else None, causal, q_start, sq, 0, sk, i2f(scale_bits))
+    p = softmax_rows(s)
+    out[...] = np.matmul(p, v.astype(acc)).astype(out.dtype)
+
+
+def _attention_cycles(chip, params, shapes, dtypes) -> int:
+    # q [r,d], k [sk,d], v [sk,dv]: a whole head's keys, or one key block of them (attention_partial)
+    (r, d), (sk, _), (_, dv) = shapes[0], shapes[1], shapes[2]
+    return (cost_terms.matmul_cycles(chip, r, d, sk, dtypes[0]) + cost_terms.matmul_cycles(chip, r, sk, dv, dtypes[0])
+            + cost_terms.softmax_cycles(chip, r, sk, "float32") + cost_terms.vector_cycles(chip, "mul", r * sk, "float32"))
+
+
+register("attention", _attention, (-1,), _attention_cycles)
+
+
 def _attention_partial(ops, params) -> None:
     # params: (has_mask, causal, q_start, sq, sk, scale bits, k_start). operands: q [r,d], k [kb,d], v [kb,dv],
     # (mask [1|r, kb]), out [r, dv + 2] float32: p @ v unnormalised, then the row max and the row sum of p.
     has_mask, causal, q_start, sq, sk, scale_bits, k_start = params
     q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
     s, acc = _scores(q, k, ops[3] if has_mask else None, causal, q_start, sq, k_start, sk, i2f(scale_bits))
-    m = np.max(s, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, acc(0))  # a block with every key masked contributes p = 0
-    p = np.exp(s - m)
+    top = np.max(s, axis=-1, keepdims=True)
+    finite = np.isfinite(top)
+    p = np.exp(s - np.where(finite, top, acc(0)))  # a block with every key masked contributes p = 0
     dv = v.shape[-1]
     out[..., :dv] = np.matmul(p, v.astype(acc))
-    out[..., dv: dv + 1] = np.where(np.isfinite(np.max(s, axis=-1, keepdims=True)), m, -np.inf)
+    out[..., dv: dv + 1] = np.where(finite, top, -np.inf)
     out[..., dv + 1: dv + 2] = np.sum(p, axis=-1, keepdims=True)
-
-
-def _attention_partial_cycles(chip, params, shapes, dtypes) -> int:
-    (r, d), (kb, _), (_, dv) = shapes[0], shapes[1], shapes[2]
-    return (cost_terms.matmul_cycles(chip, r, d, kb, dtypes[0]) + cost_terms.matmul_cycles(chip, r, kb, dv, dtypes[0])
-            + cost_terms.softmax_cycles(chip, r, kb, "float32")
-            + cost_terms.vector_cycles(chip, "mul", r * kb, "float32"))
 
 
 def _attention_combine(ops, params) -> None:
@@ -99,5 +88,5 @@ def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
     return nb * per_block + cost_terms.vector_cycles(chip, "divide", r * dv, "float32")
 
 
-register("attention_partial", _attention_partial, (-1,), _attention_partial_cycles)
+register("attention_partial", _attention_partial, (-1,), _attention_cycles)
 register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles)

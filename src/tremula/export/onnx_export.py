@@ -345,8 +345,6 @@ def _fp8_cast(c: _Ctx) -> None:
     # float32 straight to FP8 while the IPU goes through half; the two agree whenever the input is a half value.
     from tremula.numerics.fp8 import Fp8Format, scale_for_max_abs
 
-    if c.em.opset < 19:
-        raise TremulaError("exporting Fp8Cast needs ONNX opset >= 19 (export_onnx(graph, opset=19))")
     fmt = Fp8Format.parse(c.a["fmt"])
     scale = c.a.get("scale")
     if scale is None:
@@ -354,12 +352,23 @@ def _fp8_cast(c: _Ctx) -> None:
         if src is None:
             raise TremulaError("Fp8Cast without a scale can only be exported on a constant")
         scale = scale_for_max_abs(float(np.max(np.abs(src.value()), initial=0.0)), fmt)
-    zero_type = onnx.TensorProto.FLOAT8E4M3FNUZ if fmt is Fp8Format.F143 else onnx.TensorProto.FLOAT8E5M2FNUZ
-    s = c.em.const(np.array(2.0 ** int(scale), np.float32))
-    z = c.em.fresh("fp8_zero")
-    c.em.inits.append(helper.make_tensor(z, zero_type, [], [0.0]))
-    q = c.em.op("QuantizeLinear", [c.ins[0], s, z], saturate=1)
+    q, s = _quantize_fp8(c, fmt, int(scale))
     c.em.op("DequantizeLinear", [q, s], c.outs)
+
+
+def _quantize_fp8(c: _Ctx, fmt, scale: int) -> tuple[str, str]:
+    """QuantizeLinear of the node's input to the format's FNUZ FP8 type at 2**scale, saturating like the IPU:
+    (FP8 tensor, scale constant). FP8 types need opset 19."""
+    from tremula.numerics.fp8 import Fp8Format
+
+    em = c.em
+    if em.opset < 19:
+        raise TremulaError(f"exporting {c.node.op} needs ONNX opset >= 19 (export_onnx(graph, opset=19))")
+    zero_type = onnx.TensorProto.FLOAT8E4M3FNUZ if fmt is Fp8Format.F143 else onnx.TensorProto.FLOAT8E5M2FNUZ
+    s = em.const(np.array(2.0 ** scale, np.float32))
+    z = em.fresh("fp8_zero")
+    em.inits.append(helper.make_tensor(z, zero_type, [], [0.0]))
+    return em.op("QuantizeLinear", [c.ins[0], s, z], saturate=1), s
 
 
 def _fp8_table(em, fmt) -> str:
@@ -373,15 +382,10 @@ def _fp8_quantize(c: _Ctx) -> None:
     # whose value that is (each fnuz value has exactly one code).
     from tremula.numerics.fp8 import Fp8Format
 
-    if c.em.opset < 19:
-        raise TremulaError("exporting Fp8Quantize needs ONNX opset >= 19 (export_onnx(graph, opset=19))")
     if c.a.get("rounding", "nearest") != "nearest":
         raise TremulaError("Fp8Quantize with stochastic rounding has no ONNX form")
     em, fmt = c.em, Fp8Format.parse(c.a["fmt"])
-    zero_type = onnx.TensorProto.FLOAT8E4M3FNUZ if fmt is Fp8Format.F143 else onnx.TensorProto.FLOAT8E5M2FNUZ
-    z = em.fresh("fp8_zero")
-    em.inits.append(helper.make_tensor(z, zero_type, [], [0.0]))
-    q = em.op("QuantizeLinear", [c.ins[0], em.const(np.array(2.0 ** int(c.a["scale"]), np.float32)), z], saturate=1)
+    q, _ = _quantize_fp8(c, fmt, int(c.a["scale"]))
     v = em.op("DequantizeLinear", [q, em.const(np.array(1.0, np.float32))])
     hit = em.op("Equal", [em.op("Unsqueeze", [v, em.ints([-1])]), _fp8_table(em, fmt)])
     code = em.op("ArgMax", [em.op("Cast", [hit], to=onnx.TensorProto.FLOAT)], axis=-1, keepdims=0)

@@ -98,12 +98,16 @@ def calibrate_fp8(graph: Graph, feeds: dict[str, np.ndarray]) -> Graph:
     return with_scales(graph, calibration_scales(graph, feeds))
 
 
+def _weight_scale_of(w: np.ndarray, fmt: Fp8Format) -> int:
+    return scale_for_max_abs(float(np.max(np.abs(w), initial=0.0)), fmt)
+
+
 def _weight_codes(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:
-    return lambda w: quantize(w, fmt, scale_for_max_abs(float(np.max(np.abs(w), initial=0.0)), fmt))
+    return lambda w: quantize(w, fmt, _weight_scale_of(w, fmt))
 
 
 def _weight_scale(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:
-    return lambda w: np.full((1, 1), scale_for_max_abs(float(np.max(np.abs(w), initial=0.0)), fmt), np.int8)
+    return lambda w: np.full((1, 1), _weight_scale_of(w, fmt), np.int8)
 
 
 def fp8_storage(graph: Graph, group: int) -> Graph:

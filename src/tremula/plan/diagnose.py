@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from tremula.plan.overheads import side_instructions
+from tremula.plan.overheads import transfer_code_bytes
 
 
 def fold(name: str) -> str:
@@ -31,16 +31,13 @@ def fullest_tile(state, mp, live, chip, top: int = 3) -> str:
             if len(k):
                 buffers[fold(spec.name)] += int(spec.sizes[k[0]])
     code: Counter = Counter()
-    instr = getattr(chip, "exchange_instruction_bytes", 4)
+    instr = getattr(chip, "exchange_instruction_bytes", None)  # as the memory plan prices it
     for s in state.steps:
         for tr, owner in zip(s.transfers, s.owners):
-            nd = np.diff(tr.dst_start)
-            send = side_instructions(tr.rows, tr.row_bytes, tr.src_stride)[tr.src_tile == t].sum()
-            mine = tr.d_tile == t
-            recv = side_instructions(np.repeat(tr.rows, nd)[mine], np.repeat(tr.row_bytes, nd)[mine],
-                                     tr.d_stride[mine]).sum()
-            if send + recv:
-                code[fold(owner)] += int(instr * (send + recv))
+            send, recv = transfer_code_bytes(tr, instr)
+            here = int(send[tr.src_tile == t].sum() + recv[tr.d_tile == t].sum())
+            if here:
+                code[fold(owner)] += here
     weights: Counter = Counter()
     for c in state.consts:
         mine = c.tiles == t

@@ -239,7 +239,7 @@ class Lowerer(LoweringState):
             if i and self.types[i].shape == ot.shape and i not in self.graph.constants:
                 src = self.layout_of(i)
                 others = [j for j in node.inputs if j and j != i and j not in self.graph.constants
-                          and self.types[j].shape == ot.shape and not _same_blocks(self.layout_of(j), src)]
+                          and self.types[j].shape == ot.shape and not src.same_blocks(self.layout_of(j))]
                 tiles = src.tiles
                 if others:
                     # Another operand must be re-laid out into these blocks anyway: put them on the next tiles of
@@ -636,14 +636,9 @@ class Lowerer(LoweringState):
         lay = self.alloc_layout(out + "@attn", bh * sq, dv, ot.dtype, rows_cuts, [0, dv], u_tile[:, None])
         lq, lk, lv = (self._as_matrix(x, c) for x, c in ((q, d), (k, d), (v, dv)))
         if mask is not None:
-            mt = self.types[mask]
-            midx = np.broadcast_to(np.arange(mt.size, dtype=I64).reshape(mt.shape), tuple(lead) + (sq, sk))
-            midx = midx.reshape(bh, sq, sk)
-            mrows_same = bool((midx == midx[:, :1, :]).all())
-            mrows = 1 if mrows_same else maxq
-            misz = np.dtype(mt.dtype).itemsize
-            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used, mrows * sk * misz)
-            lm = self.layout_of(mask)
+            midx, mrows_same = self._mask_index(mask, lead, sq, sk, bh)
+            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
+                                   (1 if mrows_same else maxq) * sk * self.types[mask].itemsize)
         scale = f2i(node.attrs["scale"])
         causal = int(node.attrs.get("causal", 0))
         for rnd in range(cdiv(nu, self.T)):
@@ -656,13 +651,9 @@ class Lowerer(LoweringState):
             ops = [(qbuf, 0, nrows, d), (kbuf, 0, sk, d), (vbuf, 0, sk, dv)]
             dtypes = [qt.dtype, kt.dtype, vt.dtype]
             if mask is not None:
-                if mrows_same:
-                    el = [midx[b, 0, :] for b in u_bh[us]]
-                else:
-                    el = [midx[b, q0:q1, :].reshape(-1) for b, q0, q1 in zip(u_bh[us], u_q0[us], u_q1[us])]
-                cnt = np.array([len(x) for x in el], I64)
-                parts.append(gather_elems(lm, np.concatenate(el), np.repeat(tl, cnt), mbuf,
-                                          np.concatenate([np.arange(c, dtype=I64) * misz for c in cnt])))
+                zero = np.zeros(len(us), I64)
+                parts.append(self._gather_mask(mask, midx, mrows_same, u_bh[us], u_q0[us], u_q1[us], zero, zero + sk,
+                                               tl, mbuf))
                 ops.append((mbuf, 0, 1 if mrows_same else nrows, sk))
                 dtypes.append(self.types[mask].dtype)
             self.exchange(SymTransfers.concat(parts))
@@ -673,6 +664,23 @@ class Lowerer(LoweringState):
             self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], f"Attention {out}")
         self.set_output(out, lay)
         self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
+
+    def _mask_index(self, mask: str, lead, sq: int, sk: int, bh: int) -> tuple[np.ndarray, bool]:
+        """The mask's flat element index per (batch*head, query, key), and whether every query row reads the same
+        elements (a padding mask broadcast over queries: one row is delivered, not sq)."""
+        mt = self.types[mask]
+        midx = np.broadcast_to(np.arange(mt.size, dtype=I64).reshape(mt.shape), tuple(lead) + (sq, sk))
+        midx = midx.reshape(bh, sq, sk)
+        return midx, bool((midx == midx[:, :1, :]).all())
+
+    def _gather_mask(self, mask: str, midx, same: bool, b_, q0, q1, k0, k1, tl, mbuf: int) -> SymTransfers:
+        """Deliver mask[b, q0:q1 (or one row when `same`), k0:k1] to each unit's tile, packed row-major at mbuf."""
+        misz = self.types[mask].itemsize
+        el = [(midx[b, :1, a:c] if same else midx[b, r0:r1, a:c]).reshape(-1)
+              for b, r0, r1, a, c in zip(b_, q0, q1, k0, k1)]
+        cnt = np.array([len(x) for x in el], I64)
+        return gather_elems(self.layout_of(mask), np.concatenate(el), np.repeat(tl, cnt), mbuf,
+                            np.concatenate([np.arange(c, dtype=I64) * misz for c in cnt]))
 
     def _attention_key_blocks(self, node, nk: int) -> None:
         """Keys split in nk blocks: unit (head, query block, key block) per tile computes a partial (p @ v, row max,
@@ -704,19 +712,12 @@ class Lowerer(LoweringState):
         ops = [(qbuf, 0, nrows, d), (kbuf, 0, nkeys, d), (vbuf, 0, nkeys, dv)]
         dtypes = [qt.dtype, kt.dtype, vt.dtype]
         if mask is not None:
-            mt = self.types[mask]
-            midx = np.broadcast_to(np.arange(mt.size, dtype=I64).reshape(mt.shape), tuple(lead) + (sq, sk))
-            midx = midx.reshape(bh, sq, sk)
-            same = bool((midx == midx[:, :1, :]).all())
-            misz = np.dtype(mt.dtype).itemsize
-            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", tl, (1 if same else maxq) * maxk * misz)
-            el = [(midx[b, :1, a:c] if same else midx[b, r0:r1, a:c]).reshape(-1)
-                  for b, r0, r1, a, c in zip(b_, q0, q1, k0, k1)]
-            cnt = np.array([len(x) for x in el], I64)
-            parts.append(gather_elems(self.layout_of(mask), np.concatenate(el), np.repeat(tl, cnt), mbuf,
-                                      np.concatenate([np.arange(c, dtype=I64) * misz for c in cnt])))
+            midx, same = self._mask_index(mask, lead, sq, sk, bh)
+            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", tl,
+                                   (1 if same else maxq) * maxk * self.types[mask].itemsize)
+            parts.append(self._gather_mask(mask, midx, same, b_, q0, q1, k0, k1, tl, mbuf))
             ops.append((mbuf, 0, 1 if same else nrows, nkeys))
-            dtypes.append(mt.dtype)
+            dtypes.append(self.types[mask].dtype)
         self.exchange(SymTransfers.concat(parts))
         ops.append((pbuf, 0, nrows, dv + 2))
         dtypes.append("float32")
@@ -772,12 +773,6 @@ def _chunk(flat: np.ndarray, cols: int, srcs: list[Layout]) -> int:
                 return g
         g = max(d for d in range(1, g) if g % d == 0)
     return 1
-
-
-def _same_blocks(a: Layout, b: Layout) -> bool:
-    """Same block grid on the same tiles (an element-wise op reads one in place of the other)."""
-    return (np.array_equal(a.row_cuts, b.row_cuts) and np.array_equal(a.col_cuts, b.col_cuts)
-            and np.array_equal(a.tiles, b.tiles))
 
 
 def _ids(a: np.ndarray) -> set[int]:

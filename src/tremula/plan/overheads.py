@@ -44,6 +44,17 @@ def side_instructions(rows, row_bytes, stride) -> np.ndarray:
     return 1 + np.where(strided, rows, 0)
 
 
+def transfer_code_bytes(t, instr: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Exchange code bytes of a transfer table (SymTransfers or TransferTable): (per transfer on its sender, per
+    destination entry on its receiver). instr: bytes per instruction, or None for the chip-less flat estimate."""
+    ndst = np.diff(t.dst_start)
+    if instr is None:
+        send = np.full(len(t.src_tile), EXCHANGE_BYTES_PER_TRANSFER, np.int64)
+        return send, np.repeat(send, ndst)
+    send = instr * side_instructions(t.rows, t.row_bytes, t.src_stride)
+    return send, instr * side_instructions(np.repeat(t.rows, ndst), np.repeat(t.row_bytes, ndst), t.d_stride)
+
+
 def reserved_bytes(tiles: int, steps, chip=None) -> dict[str, np.ndarray]:
     """code, vertex_state and exchange_code bytes per tile for a list of steps (Program Steps or SymSteps)."""
     instr = getattr(chip, "exchange_instruction_bytes", None)
@@ -59,13 +70,7 @@ def reserved_bytes(tiles: int, steps, chip=None) -> dict[str, np.ndarray]:
             vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
         tables = [s.exchange] if hasattr(s, "exchange") else s.transfers
         for t in tables:
-            ndst = np.diff(t.dst_start)
-            if instr is None:
-                send = np.full(len(t.src_tile), EXCHANGE_BYTES_PER_TRANSFER, np.int64)
-                recv = np.repeat(send, ndst)
-            else:
-                send = instr * side_instructions(t.rows, t.row_bytes, t.src_stride)
-                recv = instr * side_instructions(np.repeat(t.rows, ndst), np.repeat(t.row_bytes, ndst), t.d_stride)
+            send, recv = transfer_code_bytes(t, instr)
             excode += np.bincount(t.src_tile, weights=send, minlength=tiles).astype(np.int64)
             excode += np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(np.int64)
     code = np.full(tiles, BASE_CODE_BYTES, np.int64)

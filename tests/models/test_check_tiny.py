@@ -59,3 +59,43 @@ def test_attention_with_keys_split_over_tiles(monkeypatch, model, dtype):
     codelets = {g.codelet for s in res.compile.program.steps for g in s.compute}
     assert {"attention_partial", "attention_combine"} <= codelets and "attention" not in codelets
     assert res.passed, res.outputs
+
+
+@pytest.mark.parametrize("model", ["bert-tiny", "gpt2-tiny"])
+def test_attention_key_blocks_in_rounds(monkeypatch, model):
+    """Keys split and a buffer budget so small that the query blocks outnumber the tiles: the (head, query block)
+    groups run in rounds that reuse the buffers, and still give the reference answer (mask and causal included)."""
+    from tremula.plan import lower_ops
+
+    monkeypatch.setattr(lower_ops, "ATTENTION_KV_FRACTION", 1e-4)
+    monkeypatch.setattr(lower_ops, "BUFFER_FRACTION", 1e-4)
+    res = check_model(model, "examples/chips/tiny16.toml", 2, "fp16")
+    labels = [s.label for s in res.compile.program.steps]
+    assert any("partials (2/" in lab for lab in labels), "expected attention in several rounds"
+    assert res.passed, res.outputs
+
+
+@pytest.mark.parametrize("model", ["vit-tiny", "bert-tiny"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp8"])
+def test_streamed_weights(monkeypatch, model, dtype):
+    """With no room for weight copies (pm_max = 1), row groups beyond the first receive the weights in temporaries
+    by multicast from the one resident copy: the answer is the reference's and each weight is resident once."""
+    from tremula.plan import lower_ops
+
+    real = lower_ops.Lowerer.__init__
+
+    def one_copy(self, *a, **k):
+        real(self, *a, **k)
+        self.pm_max = 1
+
+    monkeypatch.setattr(lower_ops.Lowerer, "__init__", one_copy)
+    res = check_model(model, "c600", 2, dtype)
+    streamed = [s for s in res.compile.strategies.values() if s.startswith("linear") and "streamed" in s]
+    assert streamed
+    prog = res.compile.program
+    for name in {c.name for c in prog.consts}:
+        if name.endswith("weight") or name.endswith("weight.codes"):
+            # every element of a matmul weight is placed on exactly one tile
+            size = sum(int((c.r1 - c.r0) * (c.c1 - c.c0)) for c in prog.consts if c.name == name)
+            assert size == int(res.compile.graph.types[name].size), name
+    assert res.passed, res.outputs

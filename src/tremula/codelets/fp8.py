@@ -40,7 +40,7 @@ def _cast_cycles(chip, params, shapes, dtypes) -> int:
 
 def _matmul_fp8(ops: list[np.ndarray], params) -> None:
     # params: (has_bias, x format, w format, x scale, k group). operands: x codes [m,k] uint8,
-    # w codes [k,n] uint8, w scale [1,1] int8, (bias [1,n] half), out [m,n] (half, or float32 partials when K is split).
+    # w codes [k,n] uint8, w scale [1,1] int8, (bias [1,n] half), out [m,n] (half; the half partials when K is split).
     has_bias, xf, wf, xs, group = (int(p) for p in params[:5])
     x, w, wscale, out = ops[0], ops[1], ops[2], ops[-1]
     w_scale = int(np.asarray(wscale).reshape(-1)[0]) if wscale.ndim == 2 else wscale.reshape(len(wscale), -1)[:, :1]

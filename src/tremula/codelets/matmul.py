@@ -42,15 +42,17 @@ def _partial_cycles(chip, params, shapes, dtypes) -> int:
 
 
 def _reduce_partials(ops: list[np.ndarray], params) -> None:
-    # params: (n_parts, has_bias). operands: n_parts float32 partials [m,n], (bias [1,n]), out [m,n]
+    # params: (n_parts, has_bias). operands: own partial [m,n], the n_parts - 1 received ones stacked [(n_parts-1)*m, n]
+    # (partials float32, or half from the FP8 AMP; summed in float32 in part order), (bias [1,n]), out [m,n]
     n_parts, has_bias = params[0], params[1]
-    out = ops[-1]
-    s = ops[0].astype(np.float32)
-    for p in ops[1:n_parts]:
-        s = s + p
+    own, recv, out = ops[0], ops[1], ops[-1]
+    m = own.shape[-2]  # (a stack of vertices has a leading axis)
+    s = own.astype(np.float32)
+    for q in range(n_parts - 1):
+        s = s + recv[..., q * m: (q + 1) * m, :].astype(np.float32)
     y = s.astype(out.dtype)
     if has_bias:
-        y = (y + ops[n_parts]).astype(out.dtype)
+        y = (y + ops[2]).astype(out.dtype)
     out[...] = y
 
 

@@ -20,12 +20,14 @@ from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELET
 from tremula.plan.state import LoweringState, SymConst, SymStream
 from tremula.plan.strategies import (
     ATTENTION_KV_FRACTION,
+    BUFFER_FRACTION,
     ROW_BLOCK_FRACTION,
     TEMP_FRACTION,
     WEIGHT_FRACTION,
     SourceShape,
     cdiv,
     choose_linear,
+    choose_linear_pair,
 )
 
 I64 = np.int64
@@ -55,6 +57,7 @@ class Lowerer(LoweringState):
         self.graph, self.chip, self.progress = graph, chip, progress
         self.types = graph.types
         self._ex_written: set[int] = set()
+        self.paired: dict = {}  # matmul node name -> the strategy chosen for it together with its producer
         lin_bytes = 0
         self.n_linear = 0
         for n in graph.nodes:
@@ -132,6 +135,15 @@ class Lowerer(LoweringState):
         pick = pick[np.argsort(rot[pick], kind="stable")]
         self.cursor = (int(pick[-1]) + 1) % self.T
         return pick.astype(I64)
+
+    def _stream_tiles(self, pm: int, n: int) -> np.ndarray:
+        """Tiles for a streamed-weight matmul: row group 0 (n tiles, the resident weights) where weights are fewest,
+        the other pm - 1 groups on the next other tiles of the row rotation (they hold only temporaries)."""
+        home = self.take_tiles(n)
+        rest = np.setdiff1d(np.arange(self.T, dtype=I64), home)
+        rest = np.roll(rest, -(self.row_cursor % len(rest)))[: (pm - 1) * n]
+        self.row_cursor = (int(rest[-1]) + 1) % self.T
+        return np.concatenate([home, rest])
 
     # ------------------------------------------------------------------------------------------------ layouts
     def layout_of(self, value: str) -> Layout:
@@ -417,15 +429,37 @@ class Lowerer(LoweringState):
         even = ncol if np.array_equal(src.col_cuts, even_cuts(k, ncol)) else 0  # K cuts a matmul with pk = ncol makes
         shape = SourceShape(int(np.diff(src.row_cuts).max()), int(np.diff(src.col_cuts).min()), out_rows, self.n_linear,
                             even)
-        st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction)
+        nxt = self._next_matmul(out)
+        if node.name in self.paired:  # the second of a pair: its K parts are the first's column blocks
+            st = self.paired.pop(node.name)
+        elif nxt is not None:
+            n2 = self.types[nxt.inputs[1]].shape[1]
+            st, self.paired[nxt.name] = choose_linear_pair(
+                self.chip, m, k, n, n2, xt.dtype, self.types[nxt.inputs[0]].dtype, self.pm_max, self.temp_fraction,
+                shape, self.perm_fraction)
+        else:
+            st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape,
+                               self.perm_fraction)
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
-        tl = self.take_tiles(pm * pn * pk)  # tile of (i, j, l) at index (i * pn + j) * pk + l
+        # tile of (i, j, l) at index (i * pn + j) * pk + l
+        tl = self._stream_tiles(pm, pn * pk) if st.stream else self.take_tiles(pm * pn * pk)
         gi = np.repeat(np.arange(pm), pn * pk)
         gj = np.tile(np.repeat(np.arange(pn), pk), pm)
         gl = np.tile(np.arange(pk), pm * pn)
         nj, kl = ncuts[gj + 1] - ncuts[gj], kcuts[gl + 1] - kcuts[gl]
-        wbuf, wrel = self.resident(f"{w}@{out}", w, wt.dtype, tl, kcuts[gl], kcuts[gl + 1], ncuts[gj], ncuts[gj + 1])
+        home = (gi == 0) if st.stream else np.ones(len(tl), bool)
+        hbuf, hrel = self.resident(f"{w}@{out}", w, wt.dtype, tl[home], kcuts[gl[home]], kcuts[gl[home] + 1],
+                                   ncuts[gj[home]], ncuts[gj[home] + 1])
+        wbuf, wrel = np.full(len(tl), hbuf, I64), np.zeros(len(tl), I64)
+        wrel[home] = hrel
+        if st.stream:  # the other row groups get row group 0's blocks in a temporary buffer, one multicast each
+            far = ~home
+            nb_ = kl[far] * nj[far] * wt.itemsize
+            sbuf = self.new_buffer(f"{w}@{out}@stream", "buffers", tl[far], nb_)
+            src_i = gj[far] * pk + gl[far]  # the same (j, l) in row group 0
+            self.exchange(make_transfers(tl[src_i], hbuf, hrel[src_i], 1, nb_, nb_, tl[far], sbuf, 0, nb_))
+            wbuf[far] = sbuf
         bias = None
         if b is not None:
             bbuf, brel = self.resident(f"{b}@{out}", b, self.types[b].dtype, tl, 0, 1, ncuts[gj], ncuts[gj + 1])
@@ -442,6 +476,22 @@ class Lowerer(LoweringState):
             self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
                                  bias, meta)
         self.strategies[node.name or out] = str(st)
+
+    def _next_matmul(self, value: str):
+        """The matmul (constant 2-D weight) that reads `value` as its x through a chain of one-input element-wise ops
+        with no other readers (an MLP's fc1 -> Gelu -> [quantize] -> fc2), or None."""
+        while True:
+            users = self.consumers.get(value, [])
+            if len(users) != 1 or value in self.graph.outputs:
+                return None
+            c = users[0]
+            if c.op in MATMULS:
+                w = c.inputs[1]
+                ok = c.inputs[0] == value and w in self.graph.constants and len(self.types[w].shape) == 2
+                return c if ok and c.name else None
+            if c.op not in ELEMENTWISE or sum(map(bool, c.inputs)) != 1:
+                return None
+            value = c.outputs[0]
 
     @staticmethod
     def _matmul_codelet(node, meta, live, has_bias: int) -> tuple[str, list, list]:
@@ -468,7 +518,7 @@ class Lowerer(LoweringState):
             self.exchange(gather_rects(src, r0[live], r1[live], 0, k, tl[live], xbuf, 0, k * isz))
             rows = (r1 - r0)[live]
             codelet, params, extra = self._matmul_codelet(node, meta, live, int(bias is not None))
-            ops = [(xbuf, 0, rows, k), (wbuf, wrel[live], k, nj[live])] + extra
+            ops = [(xbuf, 0, rows, k), (wbuf[live], wrel[live], k, nj[live])] + extra
             if bias:
                 ops.append((bias[0], bias[1][live], 1, nj[live]))
             ops.append((lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * osz, rows, nj[live]))
@@ -502,8 +552,12 @@ class Lowerer(LoweringState):
         block_of = {(bb[0], bb[1], bb[2]): r for r, bb in enumerate(blocks_)}
         sub_max = cdiv(chunk, pk)
         nj_max = int(nj.max())
-        pbuf = self.new_buffer(f"{out}@partial", "buffers", tl, chunk * nj * 4)
-        slot = sub_max * nj_max * 4
+        # The quarter -> half AMP's partials are half values already (numerics/fp8.amp_fp8_matmul): kept as half, they
+        # take half the bytes and exchange; the owners still sum them in float32. Other matmuls keep float32 partials.
+        pdt = "float16" if meta is not None else "float32"
+        psz = np.dtype(pdt).itemsize
+        pbuf = self.new_buffer(f"{out}@partial", "buffers", tl, chunk * nj * psz)
+        slot = sub_max * nj_max * psz
         rbuf = self.new_buffer(f"{out}@recv", "buffers", tl, (pk - 1) * slot)
         idx = np.arange(nt)
         for u in range(st.serial):
@@ -516,9 +570,10 @@ class Lowerer(LoweringState):
                                        0, kl[live] * isz))
             rows = (r1 - r0)[live]
             codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
-            codelet = "matmul_partial" if meta is None else codelet  # the FP8 AMP writes float partials as well
-            ops = [(xbuf, 0, rows, kl[live]), (wbuf, wrel[live], kl[live], nj[live]), *extra, (pbuf, 0, rows, nj[live])]
-            dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + ("float32",)
+            codelet = "matmul_partial" if meta is None else codelet  # the FP8 AMP writes its half partials
+            ops = [(xbuf, 0, rows, kl[live]), (wbuf[live], wrel[live], kl[live], nj[live]), *extra,
+                   (pbuf, 0, rows, nj[live])]
+            dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,)
             self.compute([self.group(codelet, dts, tl[live], params, ops)],
                          f"{node.op} {out} partials" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
             # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
@@ -532,9 +587,11 @@ class Lowerer(LoweringState):
             if len(snd):
                 recv = snd - lp + own  # the same (i, j), owner l
                 slot_i = np.where(lp < own, lp, lp - 1)
-                nb_ = (s1 - s0) * nj[snd] * 4
-                self.exchange(make_transfers(tl[snd], pbuf, s0 * nj[snd] * 4, 1, nb_, nb_, tl[recv], rbuf,
-                                             slot_i * slot, nb_))
+                nb_ = (s1 - s0) * nj[snd] * psz
+                # Slots packed at the slice's own size: the received partials are one [(pk - 1) * sub, nj] matrix,
+                # one operand of the reduce vertex (a vertex field per partial made its state grow with pk).
+                self.exchange(make_transfers(tl[snd], pbuf, s0 * nj[snd] * psz, 1, nb_, nb_, tl[recv], rbuf,
+                                             slot_i * nb_, nb_))
             # Owners sum their own slice of the partial with the received ones.
             c0, c1 = _cut(rows_all, pk, gl), _cut(rows_all, pk, gl + 1)
             o_idx = idx[live & (c1 > c0)]
@@ -544,11 +601,11 @@ class Lowerer(LoweringState):
             rb = np.array([block_of[(int(gi[t]), u, int(gl[t]))] for t in o_idx], I64)
             orel = lay.rel[rb, gj[o_idx]]
             njo = nj[o_idx]
-            ops = [(pbuf, s0 * njo * 4, sub, njo)] + [(rbuf, q * slot, sub, njo) for q in range(pk - 1)]
+            ops = [(pbuf, s0 * njo * psz, sub, njo), (rbuf, 0, (pk - 1) * sub, njo)]
             if bias:
                 ops.append((bias[0], bias[1][o_idx], 1, njo))
             ops.append((lay.buf, orel, sub, njo))
-            dtypes = ("float32",) * pk + ((ot.dtype,) if bias else ()) + (ot.dtype,)
+            dtypes = (pdt, pdt) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
             self.compute([self.group("reduce_partials", dtypes, tl[o_idx], [pk, int(bias is not None)], ops)],
                          f"{node.op} {out} reduce" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
         self.set_output(out, lay)
@@ -684,63 +741,86 @@ class Lowerer(LoweringState):
 
     def _attention_key_blocks(self, node, nk: int) -> None:
         """Keys split in nk blocks: unit (head, query block, key block) per tile computes a partial (p @ v, row max,
-        row sum); the key-block-0 tile of each (head, query block) gathers the others' partials and combines them."""
+        row sum); the key-block-0 tile of each (head, query block) gathers the others' partials and combines them.
+
+        Query blocks are small enough that one unit's buffers stay within the op budget (the received partials grow
+        with nk x the block's rows: SigLIP so400m at batch 4 had 217 KB of them on a tile); when that makes more units
+        than tiles they run in rounds of whole (head, query block) groups, reusing the buffers."""
         q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
-        nq = max(1, min(sq, self.T // (bh * nk)))
+        isz = np.dtype(qt.dtype).itemsize
+        pw = (dv + 2) * 4  # a partial row: p @ v, then the row max and the row sum (float32)
+        budget = BUFFER_FRACTION * self.temp_fraction / TEMP_FRACTION * self.chip.sram_bytes_per_tile
+        per_q = d * isz + nk * pw + dv * np.dtype(ot.dtype).itemsize  # q, own + received partials, output
+        kv = cdiv(sk, nk) * (d + dv) * isz
+        nq_mem = cdiv(sq * per_q, max(int(budget - kv), per_q))
+        nq = max(1, min(sq, max(self.T // (bh * nk), nq_mem)))
         qcuts, kcuts = even_cuts(sq, nq), even_cuts(sk, nk)
         nq, nk = len(qcuts) - 1, len(kcuts) - 1
-        # unit index = (b * nq + i) * nk + j; nu <= T by the choice of nk and nq
+        # unit index = (b * nq + i) * nk + j
         b_ = np.repeat(np.arange(bh, dtype=I64), nq * nk)
         i_ = np.tile(np.repeat(np.arange(nq, dtype=I64), nk), bh)
         j_ = np.tile(np.arange(nk, dtype=I64), bh * nq)
         q0, q1, k0, k1 = qcuts[i_], qcuts[i_ + 1], kcuts[j_], kcuts[j_ + 1]
         nu = len(b_)
-        tl = (np.arange(nu, dtype=I64) + self.row_cursor) % self.T  # rotating, like row layouts
-        self.row_cursor = (self.row_cursor + nu) % self.T
-        isz = np.dtype(qt.dtype).itemsize
+        per_round = self.T // nk * nk  # whole groups of nk units
+        tl = (np.arange(nu, dtype=I64) % per_round + self.row_cursor) % self.T  # rotating, like row layouts
+        self.row_cursor = (self.row_cursor + min(nu, per_round)) % self.T
+        used = np.unique(tl)
         maxq, maxk = int((q1 - q0).max()), int((k1 - k0).max())
-        qbuf = self.new_buffer(f"{q}@{out}", "buffers", tl, maxq * d * isz)
-        kbuf = self.new_buffer(f"{k}@{out}", "buffers", tl, maxk * d * isz)
-        vbuf = self.new_buffer(f"{v}@{out}", "buffers", tl, maxk * dv * isz)
-        pw = (dv + 2) * 4
-        pbuf = self.new_buffer(f"{out}@partial", "buffers", tl, maxq * pw)
-        lq, lk, lv = (self._as_matrix(x, c) for x, c in ((q, d), (k, d), (v, dv)))
-        parts = [gather_rects(lq, b_ * sq + q0, b_ * sq + q1, 0, d, tl, qbuf, 0, d * isz),
-                 gather_rects(lk, b_ * sk + k0, b_ * sk + k1, 0, d, tl, kbuf, 0, d * isz),
-                 gather_rects(lv, b_ * sk + k0, b_ * sk + k1, 0, dv, tl, vbuf, 0, dv * isz)]
-        nrows, nkeys = q1 - q0, k1 - k0
-        ops = [(qbuf, 0, nrows, d), (kbuf, 0, nkeys, d), (vbuf, 0, nkeys, dv)]
-        dtypes = [qt.dtype, kt.dtype, vt.dtype]
-        if mask is not None:
-            midx, same = self._mask_index(mask, lead, sq, sk, bh)
-            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", tl,
-                                   (1 if same else maxq) * maxk * self.types[mask].itemsize)
-            parts.append(self._gather_mask(mask, midx, same, b_, q0, q1, k0, k1, tl, mbuf))
-            ops.append((mbuf, 0, 1 if same else nrows, nkeys))
-            dtypes.append(self.types[mask].dtype)
-        self.exchange(SymTransfers.concat(parts))
-        ops.append((pbuf, 0, nrows, dv + 2))
-        dtypes.append("float32")
-        params = np.stack([np.full(nu, int(mask is not None)), np.full(nu, int(node.attrs.get("causal", 0))), q0,
-                           np.full(nu, sq), np.full(nu, sk), np.full(nu, f2i(node.attrs["scale"])), k0], axis=1)
-        self.compute([self.group("attention_partial", tuple(dtypes), tl, params, ops)], f"Attention {out} partials")
-        # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.
+        qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
+        kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, maxk * d * isz)
+        vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, maxk * dv * isz)
+        pbuf = self.new_buffer(f"{out}@partial", "buffers", used, maxq * pw)
         own = j_ == 0
-        rbuf = self.new_buffer(f"{out}@recv", "buffers", tl[own], (nk - 1) * maxq * pw)
-        snd = np.flatnonzero(~own)
-        owner = snd - j_[snd]
-        nb_ = nrows[snd] * pw
-        self.exchange(make_transfers(tl[snd], pbuf, 0, 1, nb_, nb_, tl[owner], rbuf, (j_[snd] - 1) * maxq * pw, nb_))
+        rbuf = self.new_buffer(f"{out}@recv", "buffers", np.unique(tl[own]), (nk - 1) * maxq * pw)
         o_idx = np.flatnonzero(own)
         rows_cuts = np.concatenate([b_[o_idx] * sq + q0[o_idx], [bh * sq]])
         lay = self.alloc_layout(out + "@attn", bh * sq, dv, ot.dtype, rows_cuts, [0, dv], tl[o_idx][:, None])
-        cops = [(pbuf, 0, nrows[o_idx], dv + 2)] + [(rbuf, j * maxq * pw, nrows[o_idx], dv + 2) for j in range(nk - 1)]
-        cops.append((lay.buf, lay.rel[:, 0], nrows[o_idx], dv))
-        self.compute([self.group("attention_combine", ("float32",) * nk + (ot.dtype,), tl[o_idx], [nk], cops)],
-                     f"Attention {out} combine")
+        orel = lay.rel.reshape(-1)
+        lq, lk, lv = (self._as_matrix(x, c) for x, c in ((q, d), (k, d), (v, dv)))
+        if mask is not None:
+            midx, same = self._mask_index(mask, lead, sq, sk, bh)
+            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
+                                   (1 if same else maxq) * maxk * self.types[mask].itemsize)
+        nrows, nkeys = q1 - q0, k1 - k0
+        causal, scale = int(node.attrs.get("causal", 0)), f2i(node.attrs["scale"])
+        rounds = cdiv(nu, per_round)
+        for r in range(rounds):
+            us = np.arange(r * per_round, min(nu, (r + 1) * per_round))
+            t_, b, q_0, q_1, k_0, k_1 = tl[us], b_[us], q0[us], q1[us], k0[us], k1[us]
+            parts = [gather_rects(lq, b * sq + q_0, b * sq + q_1, 0, d, t_, qbuf, 0, d * isz),
+                     gather_rects(lk, b * sk + k_0, b * sk + k_1, 0, d, t_, kbuf, 0, d * isz),
+                     gather_rects(lv, b * sk + k_0, b * sk + k_1, 0, dv, t_, vbuf, 0, dv * isz)]
+            ops = [(qbuf, 0, nrows[us], d), (kbuf, 0, nkeys[us], d), (vbuf, 0, nkeys[us], dv)]
+            dtypes = [qt.dtype, kt.dtype, vt.dtype]
+            if mask is not None:
+                parts.append(self._gather_mask(mask, midx, same, b, q_0, q_1, k_0, k_1, t_, mbuf))
+                ops.append((mbuf, 0, 1 if same else nrows[us], nkeys[us]))
+                dtypes.append(self.types[mask].dtype)
+            self.exchange(SymTransfers.concat(parts))
+            ops.append((pbuf, 0, nrows[us], dv + 2))
+            dtypes.append("float32")
+            n = len(us)
+            params = np.stack([np.full(n, int(mask is not None)), np.full(n, causal), q_0, np.full(n, sq),
+                               np.full(n, sk), np.full(n, scale), k_0], axis=1)
+            tag = f" ({r + 1}/{rounds})" if rounds > 1 else ""
+            self.compute([self.group("attention_partial", tuple(dtypes), t_, params, ops)],
+                         f"Attention {out} partials{tag}")
+            # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.
+            snd = us[~own[us]]
+            owner = snd - j_[snd]
+            nb_ = nrows[snd] * pw
+            self.exchange(make_transfers(tl[snd], pbuf, 0, 1, nb_, nb_, tl[owner], rbuf, (j_[snd] - 1) * maxq * pw,
+                                         nb_))
+            oi = us[own[us]]
+            ob = np.searchsorted(o_idx, oi)  # their blocks of the output layout
+            cops = [(pbuf, 0, nrows[oi], dv + 2)] + [(rbuf, j * maxq * pw, nrows[oi], dv + 2) for j in range(nk - 1)]
+            cops.append((lay.buf, orel[ob], nrows[oi], dv))
+            self.compute([self.group("attention_combine", ("float32",) * nk + (ot.dtype,), tl[oi], [nk], cops)],
+                         f"Attention {out} combine{tag}")
         self.set_output(out, lay)
         self.strategies[node.name or out] = (f"attention, {bh} heads x {nq} query blocks x {nk} key blocks over "
-                                             f"{nu} tiles")
+                                             f"{len(used)} tiles" + (f" in {rounds} rounds" if rounds > 1 else ""))
 
     def _as_matrix(self, value: str, cols: int) -> Layout:
         lay = self.layout_of(value)

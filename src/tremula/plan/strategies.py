@@ -40,10 +40,15 @@ class LinearStrategy:
     serial: int  # rounds over each tile's rows, so the gathered x block fits the temp budget
     cycles: int  # estimated cycles (compute + exchange + sync) of the whole op
     bytes_per_tile: int  # weights + gathered operands + partials + output on the busiest tile
+    # The weights live once, on the pn * pk tiles of row group 0, and are multicast to the other pm - 1 row groups'
+    # temporary buffers each time the op runs (instead of pm resident copies): row groups beyond what SRAM can hold
+    # copies of, for a few KB of exchange per tile.
+    stream: bool = False
+    over: int = 0  # bytes by which the busiest tile passes the planner's budgets (0: within them)
 
     def __str__(self) -> str:
-        return (f"linear pm={self.pm} pn={self.pn} pk={self.pk} serial={self.serial} ~{self.cycles} cycles "
-                f"~{self.bytes_per_tile} B/tile")
+        return (f"linear pm={self.pm} pn={self.pn} pk={self.pk} serial={self.serial}"
+                f"{' streamed' if self.stream else ''} ~{self.cycles} cycles ~{self.bytes_per_tile} B/tile")
 
 
 def _candidates(n: int, limit: int) -> list[int]:
@@ -92,7 +97,7 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
     send = pieces if whole else cdiv(rows * ncb, pn)
     code = recv + send
     if pk > 1:
-        vs += VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * (pk + 1 + bias) + 2 * BYTES_PER_PARAM
+        vs += VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * (3 + bias) + 2 * BYTES_PER_PARAM
         code += 4 * (pk - 1)  # reduce-scatter: contiguous slices sent and received
     if src.out_rows and pn > 1:  # each output row of this tile's block is a separate row of the re-layout
         code += 2 * (cdiv(rows, pk) + 1)
@@ -102,55 +107,89 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
 @lru_cache(maxsize=4096)
 def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                   temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
-                  perm_fraction: float | None = None) -> LinearStrategy:
+                  perm_fraction: float | None = None, pn_fix: int = 0, pk_fix: int = 0) -> LinearStrategy:
     """Pick (pm, pn, pk, serial) minimising estimated cycles, subject to the weight, temp and permanent budgets.
 
     perm_fraction (with src): the share of a tile's SRAM that the permanent bytes (vertex state + exchange code) of
     all matmuls together may take; None leaves them unbudgeted (the fastest plans, when they fit).
+
+    pn_fix / pk_fix (when not 0): only that many output-column / K parts (see choose_linear_pair).
 
     Cached on its arguments: identical layers (same shapes) are planned once.
     """
     tiles, sram = chip.tiles, chip.sram_bytes_per_tile
     isz = np.dtype(dtype).itemsize
     osz = 2 if dtype == "uint8" else isz  # FP8 codes in, half out
+    psz = 2 if dtype == "uint8" else 4  # split-K partials: the FP8 AMP's are half, the others float32
     temp_budget = max(temp_fraction * sram, 1)
     sync = cost_terms.sync_cycles(chip)
     best: tuple | None = None
-    for pn in _candidates(n, tiles):
+    for pn in [pn_fix] if pn_fix else _candidates(n, tiles):
         nj = cdiv(n, pn)
-        for pk in _candidates(k, tiles // pn):
+        for pk in [pk_fix] if pk_fix else _candidates(k, tiles // pn):
+            if pn * pk > tiles:
+                continue
             kl = cdiv(k, pk)
-            pm = max(1, min(m, tiles // (pn * pk), pm_max))
-            mi = cdiv(m, pm)
-            s0 = max(1, min(mi, cdiv(mi * kl * isz, int(temp_budget))))
-            # More rounds than the operand block needs shrink the partials; the permanent bytes grow with them.
-            for serial in sorted({s0, min(mi, 2 * s0), min(mi, 4 * s0)}):
-                rows = cdiv(mi, serial)
-                comp = cost_terms.matmul_cycles(chip, rows, kl, nj, dtype)
-                recv = rows * kl * isz
-                sent = cdiv(m * k * isz, min(tiles, m * pk)) // serial
-                ex = cost_terms.exchange_cycles(chip, sent, recv) + sync
-                mem = k * n * isz // (pn * pk) + rows * kl * isz + mi * nj * osz // pk
-                if pk > 1:
-                    sub = cdiv(rows, pk)
-                    part = rows * nj * 4
-                    comp += cost_terms.vector_cycles(chip, "add", sub * nj * pk, "float32")
-                    ex += cost_terms.exchange_cycles(chip, part - sub * nj * 4, (pk - 1) * sub * nj * 4) + sync
-                    mem += part + (pk - 1) * sub * nj * 4
-                total = serial * (comp + ex)
-                over = max(0, mem - (WEIGHT_FRACTION + temp_fraction) * sram)
-                wbytes = k * n * isz // (pn * pk)
-                over += max(0, mem - wbytes - BUFFER_FRACTION * temp_fraction / TEMP_FRACTION * sram)
-                over += max(0, wbytes - WEIGHT_BLOCK_FRACTION * sram)
-                if src is not None and perm_fraction is not None:
-                    # The permanent budget is shared by the matmuls that land on a tile: fewer when this one uses fewer
-                    # tiles (weights rotate over all tiles).
-                    used = pm * pn * pk
-                    share = max(1.0, src.n_linear * used / tiles)
-                    perm = permanent_bytes(chip, src, rows, serial, kl, pk, pn)
-                    over += max(0, perm - perm_fraction * sram / share)
-                key = (over, total)
-                if best is None or key < best[0]:
-                    best = (key, LinearStrategy(pm, pn, pk, serial, int(total), int(mem)))
+            wbytes = k * n * isz // (pn * pk)
+            rep = max(1, min(m, tiles // (pn * pk), pm_max))
+            full = max(1, min(m, tiles // (pn * pk)))
+            for pm, stream in {(rep, False), (full, full > rep)}:
+                mi = cdiv(m, pm)
+                s0 = max(1, min(mi, cdiv(mi * kl * isz, int(temp_budget))))
+                # More rounds than the operand block needs shrink the partials; the permanent bytes grow with them.
+                for serial in sorted({s0, min(mi, 2 * s0), min(mi, 4 * s0)}):
+                    rows = cdiv(mi, serial)
+                    comp = cost_terms.matmul_cycles(chip, rows, kl, nj, dtype)
+                    recv = rows * kl * isz
+                    sent = cdiv(m * k * isz, min(tiles, m * pk)) // serial
+                    ex = cost_terms.exchange_cycles(chip, sent, recv) + sync
+                    mem = wbytes + rows * kl * isz + mi * nj * osz // pk
+                    if pk > 1:
+                        sub = cdiv(rows, pk)
+                        part = rows * nj * psz
+                        comp += cost_terms.vector_cycles(chip, "add", sub * nj * pk, "float32")
+                        ex += cost_terms.exchange_cycles(chip, part - sub * nj * psz, (pk - 1) * sub * nj * psz) + sync
+                        mem += part + (pk - 1) * sub * nj * psz
+                    total = serial * (comp + ex)
+                    if stream:  # one multicast of each weight block to its pm - 1 temporary copies
+                        total += cost_terms.exchange_cycles(chip, wbytes, wbytes) + sync
+                    over = max(0, mem - (WEIGHT_FRACTION + temp_fraction) * sram)
+                    temps = mem - (0 if stream else wbytes)  # streamed weights are temporaries on pm - 1 groups
+                    over += max(0, temps - BUFFER_FRACTION * temp_fraction / TEMP_FRACTION * sram)
+                    over += max(0, wbytes - WEIGHT_BLOCK_FRACTION * sram)
+                    if src is not None and perm_fraction is not None:
+                        # The permanent budget is shared by the matmuls that land on a tile: fewer when this one uses
+                        # fewer tiles (weights rotate over all tiles).
+                        used = pm * pn * pk
+                        share = max(1.0, src.n_linear * used / tiles)
+                        perm = permanent_bytes(chip, src, rows, serial, kl, pk, pn)
+                        over += max(0, perm - perm_fraction * sram / share)
+                    key = (over, total)
+                    if best is None or key < best[0]:
+                        best = (key, LinearStrategy(pm, pn, pk, serial, int(total), int(mem), stream, int(over)))
+    assert best is not None
+    return best[1]
+
+
+@lru_cache(maxsize=1024)
+def choose_linear_pair(chip, m: int, k: int, n: int, n2: int, dtype: str, dtype2: str, pm_max: int,
+                       temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
+                       perm_fraction: float | None = None) -> tuple[LinearStrategy, LinearStrategy]:
+    """Strategies for x[m, k] @ W1[k, n] followed (through element-wise ops) by h[m, n] @ W2[n, n2], such that the
+    second's K parts are exactly the first's output-column blocks: every tile of the second then gathers whole
+    source blocks, contiguous on both sides, and its exchange code does not grow with the rows (mismatched cuts
+    cost one instruction per row and block on both sides: SigLIP so400m's fc2 took 140 of its 190 KB of exchange
+    code per tile at batch 1). Minimises the two ops' cycles, over the first's column splits that the second can
+    use as K splits."""
+    best: tuple | None = None
+    for pn in _candidates(n, chip.tiles):
+        first = choose_linear(chip, m, k, n, dtype, pm_max, temp_fraction, src, perm_fraction, pn_fix=pn)
+        src2 = None if src is None else SourceShape(cdiv(m, first.pm), cdiv(n, pn), src.out_rows, src.n_linear, pn)
+        second = choose_linear(chip, m, n, n2, dtype2, pm_max, temp_fraction, src2, perm_fraction, pk_fix=pn)
+        if second.pk != pn:  # no tile count admits pk = pn
+            continue
+        key = (first.over + second.over, first.cycles + second.cycles, pn)
+        if best is None or key < best[0]:
+            best = (key, (first, second))
     assert best is not None
     return best[1]

@@ -1,0 +1,36 @@
+"""Linear strategy search: budgets, weight streaming and the fc1 -> fc2 pairing of cuts (pure functions)."""
+
+import pytest
+
+from tremula.chip import load_chip
+from tremula.plan.layout import even_cuts
+from tremula.plan.strategies import WEIGHT_BLOCK_FRACTION, choose_linear, choose_linear_pair
+
+
+@pytest.fixture(scope="module")
+def c600():
+    return load_chip("c600")
+
+
+@pytest.mark.parametrize("m", [729, 2916])
+def test_pair_cuts_match(c600, m):
+    """The second matmul's K parts are the first's output-column blocks, so its gathers are whole source blocks."""
+    first, second = choose_linear_pair(c600, m, 1152, 4304, 1152, "uint8", "uint8", 1)
+    assert second.pk == first.pn
+    assert list(even_cuts(4304, first.pn)) == list(even_cuts(4304, second.pk))
+    assert first.pm * first.pn * first.pk <= c600.tiles and second.pm * second.pn * second.pk <= c600.tiles
+
+
+def test_streaming_lifts_the_copy_cap(c600):
+    """With room for one weight copy only, big row counts stream weights to more row groups than copies allow;
+    with plenty of room (a small matmul) nothing is streamed."""
+    big = choose_linear(c600, 5832, 1152, 1152, "uint8", 1)
+    assert big.stream and big.pm > 1
+    small = choose_linear(c600, 64, 64, 64, "float16", 1000)
+    assert not small.stream
+
+
+def test_weight_blocks_within_their_cap(c600):
+    st = choose_linear(c600, 729, 4304, 1152, "uint8", 1)
+    assert 4304 * 1152 // (st.pn * st.pk) <= WEIGHT_BLOCK_FRACTION * c600.sram_bytes_per_tile
+    assert st.over == 0

@@ -52,9 +52,9 @@ def test_tiny64_auto_batch_fits_and_checks(chips, model):
 def test_attention_with_keys_split_over_tiles(monkeypatch, model, dtype):
     """A budget so small that every head's keys are split: partials per key block, combined on one tile, must give
     the same answer (bert-tiny has a padding mask, gpt2-tiny is causal)."""
-    from tremula.plan import lower_ops
+    from tremula.plan import lower_attention
 
-    monkeypatch.setattr(lower_ops, "ATTENTION_KV_FRACTION", 1e-4)
+    monkeypatch.setattr(lower_attention, "ATTENTION_KV_FRACTION", 1e-4)
     res = check_model(model, "c600", 2, dtype)
     codelets = {g.codelet for s in res.compile.program.steps for g in s.compute}
     assert {"attention_partial", "attention_combine"} <= codelets and "attention" not in codelets
@@ -65,10 +65,10 @@ def test_attention_with_keys_split_over_tiles(monkeypatch, model, dtype):
 def test_attention_key_blocks_in_rounds(monkeypatch, model):
     """Keys split and a buffer budget so small that the query blocks outnumber the tiles: the (head, query block)
     groups run in rounds that reuse the buffers, and still give the reference answer (mask and causal included)."""
-    from tremula.plan import lower_ops
+    from tremula.plan import lower_attention
 
-    monkeypatch.setattr(lower_ops, "ATTENTION_KV_FRACTION", 1e-4)
-    monkeypatch.setattr(lower_ops, "BUFFER_FRACTION", 1e-4)
+    monkeypatch.setattr(lower_attention, "ATTENTION_KV_FRACTION", 1e-4)
+    monkeypatch.setattr(lower_attention, "BUFFER_FRACTION", 1e-4)
     res = check_model(model, "examples/chips/tiny16.toml", 2, "fp16")
     labels = [s.label for s in res.compile.program.steps]
     assert any("partials (2/" in lab for lab in labels), "expected attention in several rounds"

@@ -15,12 +15,11 @@ from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
 from tremula.ir.ops import _norm_axis, rule
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
-from tremula.plan.layout import Layout, blocks, even_cuts, reshape_free, view2d
+from tremula.plan.lower_attention import AttentionLowering, head_views
+from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, reshape_free, view2d
 from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
 from tremula.plan.state import LoweringState, SymConst, SymStream
 from tremula.plan.strategies import (
-    ATTENTION_KV_FRACTION,
-    BUFFER_FRACTION,
     ROW_BLOCK_FRACTION,
     TEMP_FRACTION,
     WEIGHT_FRACTION,
@@ -49,7 +48,7 @@ def supported(graph: Graph) -> list[str]:
     return bad
 
 
-class Lowerer(LoweringState):
+class Lowerer(AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
                  temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None):
         super().__init__(chip.tiles)
@@ -58,6 +57,10 @@ class Lowerer(LoweringState):
         self.types = graph.types
         self._ex_written: set[int] = set()
         self.paired: dict = {}  # matmul node name -> the strategy chosen for it together with its producer
+        self.head_in, self.head_out, self.head_skip = head_views(graph)
+        # [B*S, H*d] values attention reads or writes per head: H column parts for the matmul that makes or reads them
+        self.head_parts = {hv.value: hv.heads for hv in (*self.head_in.values(), *self.head_out.values())}
+        self.producers = graph.producers()
         lin_bytes = 0
         self.n_linear = 0
         for n in graph.nodes:
@@ -89,6 +92,8 @@ class Lowerer(LoweringState):
         for i, node in enumerate(g.nodes):
             if self.progress:
                 self.progress("plan", i, len(g.nodes))
+            if node.outputs[0] in self.head_skip:  # a head split or merge attention reads or writes in place
+                continue
             self.owner = node.name or node.outputs[0]
             getattr(self, "_lower_" + self._kind(node.op))(node)
         for o in g.outputs:
@@ -228,7 +233,6 @@ class Lowerer(LoweringState):
         src = self.layout_of(value)
         isz = np.dtype(t.dtype).itemsize
         sizes = nr * nc * isz
-        from tremula.plan.layout import block_rel_offsets
 
         trel, used = block_rel_offsets(tl, sizes)
         buf = self.new_buffer(f"{value}@{tag}", "buffers", list(used.keys()), list(used.values()))
@@ -438,8 +442,11 @@ class Lowerer(LoweringState):
                 self.chip, m, k, n, n2, xt.dtype, self.types[nxt.inputs[0]].dtype, self.pm_max, self.temp_fraction,
                 shape, self.perm_fraction)
         else:
+            # Heads cut at head boundaries: attention's head views then read and write whole blocks (contiguous on
+            # both sides, so their exchange code does not grow with the rows).
             st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape,
-                               self.perm_fraction)
+                               self.perm_fraction, pn_fix=self.head_parts.get(out, 0),
+                               pk_fix=self.head_parts.get(self._through_elementwise(x), 0))
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         # tile of (i, j, l) at index (i * pn + j) * pk + l
@@ -449,23 +456,15 @@ class Lowerer(LoweringState):
         gl = np.tile(np.arange(pk), pm * pn)
         nj, kl = ncuts[gj + 1] - ncuts[gj], kcuts[gl + 1] - kcuts[gl]
         home = (gi == 0) if st.stream else np.ones(len(tl), bool)
-        hbuf, hrel = self.resident(f"{w}@{out}", w, wt.dtype, tl[home], kcuts[gl[home]], kcuts[gl[home] + 1],
-                                   ncuts[gj[home]], ncuts[gj[home] + 1])
-        wbuf, wrel = np.full(len(tl), hbuf, I64), np.zeros(len(tl), I64)
-        wrel[home] = hrel
-        if st.stream:  # the other row groups get row group 0's blocks in a temporary buffer, one multicast each
-            far = ~home
-            nb_ = kl[far] * nj[far] * wt.itemsize
-            sbuf = self.new_buffer(f"{w}@{out}@stream", "buffers", tl[far], nb_)
-            src_i = gj[far] * pk + gl[far]  # the same (j, l) in row group 0
-            self.exchange(make_transfers(tl[src_i], hbuf, hrel[src_i], 1, nb_, nb_, tl[far], sbuf, 0, nb_))
-            wbuf[far] = sbuf
-        bias = None
-        if b is not None:
-            bbuf, brel = self.resident(f"{b}@{out}", b, self.types[b].dtype, tl, 0, 1, ncuts[gj], ncuts[gj + 1])
-            bias = (bbuf, brel)
+        src_i = gj * pk + gl  # the tile of the same (j, l) in row group 0
+
+        def place(v, dtype, r0, r1, c0, c1):
+            return self._weight_operand(f"{v}@{out}", v, dtype, tl, home, src_i, r0, r1, c0, c1)
+
+        wbuf, wrel = place(w, wt.dtype, kcuts[gl], kcuts[gl + 1], ncuts[gj], ncuts[gj + 1])
+        bias = place(b, self.types[b].dtype, 0, 1, ncuts[gj], ncuts[gj + 1]) if b is not None else None
         # The FP8 weight's scale (QUARTER metadata) is a one-byte operand next to each weight block.
-        meta = self.resident(f"{node.inputs[2]}@{out}", node.inputs[2], "int8", tl, 0, 1, 0, 1) if fp8 else None
+        meta = place(node.inputs[2], "int8", 0, 1, 0, 1) if fp8 else None
         isz = np.dtype(xt.dtype).itemsize
         mi = mcuts[gi + 1] - mcuts[gi]
         chunk = cdiv(int(mi.max()), st.serial)
@@ -476,6 +475,32 @@ class Lowerer(LoweringState):
             self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
                                  bias, meta)
         self.strategies[node.name or out] = str(st)
+
+    def _weight_operand(self, name: str, const: str, dtype: str, tl, home, src_i, r0, r1, c0, c1):
+        """Block [r0:r1, c0:c1] of a constant for every tile of a matmul: (buffer, offset) per tile. Resident on
+        the `home` tiles; each other tile gets its home tile src_i's copy in a temporary buffer, one multicast per
+        block (streamed weights, and their bias and scale: a bias copy on every row group cost SigLIP so400m about
+        25 KB a tile at batch 4)."""
+        r0, r1, c0, c1 = (np.broadcast_to(np.asarray(a, I64), tl.shape) for a in (r0, r1, c0, c1))
+        hbuf, hrel = self.resident(name, const, dtype, tl[home], r0[home], r1[home], c0[home], c1[home])
+        buf, rel = np.full(len(tl), hbuf, I64), np.zeros(len(tl), I64)
+        rel[home] = hrel
+        far = ~home
+        if far.any():
+            nb_ = (r1 - r0)[far] * (c1 - c0)[far] * np.dtype(dtype).itemsize
+            sbuf = self.new_buffer(f"{name}@stream", "buffers", tl[far], nb_)
+            srel = rel[src_i[far]]
+            self.exchange(make_transfers(tl[src_i[far]], hbuf, srel, 1, nb_, nb_, tl[far], sbuf, 0, nb_))
+            buf[far] = sbuf
+        return buf, rel
+
+    def _through_elementwise(self, value: str) -> str:
+        """The value that `value` is a chain of one-input element-wise ops of (itself when it is not)."""
+        while True:
+            p = self.producers.get(value)
+            if p is None or p.op not in ELEMENTWISE or sum(map(bool, p.inputs)) != 1:
+                return value
+            value = p.inputs[0]
 
     def _next_matmul(self, value: str):
         """The matmul (constant 2-D weight) that reads `value` as its x through a chain of one-input element-wise ops
@@ -500,7 +525,7 @@ class Lowerer(LoweringState):
             return "matmul", [has_bias], []
         a = node.attrs
         params = [has_bias, format_id(a["x_fmt"]), format_id(a["w_fmt"]), int(a["x_scale"]), int(a["group"])]
-        return "matmul_fp8", params, [(meta[0], meta[1][live], 1, 1)]
+        return "matmul_fp8", params, [(meta[0][live], meta[1][live], 1, 1)]
 
     def _linear_direct(self, node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias,
                        meta=None) -> None:
@@ -520,7 +545,7 @@ class Lowerer(LoweringState):
             codelet, params, extra = self._matmul_codelet(node, meta, live, int(bias is not None))
             ops = [(xbuf, 0, rows, k), (wbuf[live], wrel[live], k, nj[live])] + extra
             if bias:
-                ops.append((bias[0], bias[1][live], 1, nj[live]))
+                ops.append((bias[0][live], bias[1][live], 1, nj[live]))
             ops.append((lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * osz, rows, nj[live]))
             self.compute([self.group(codelet, dtypes, tl[live], params, ops)],
                          f"{node.op} {out}" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
@@ -603,7 +628,7 @@ class Lowerer(LoweringState):
             njo = nj[o_idx]
             ops = [(pbuf, s0 * njo * psz, sub, njo), (rbuf, 0, (pk - 1) * sub, njo)]
             if bias:
-                ops.append((bias[0], bias[1][o_idx], 1, njo))
+                ops.append((bias[0][o_idx], bias[1][o_idx], 1, njo))
             ops.append((lay.buf, orel, sub, njo))
             dtypes = (pdt, pdt) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
             self.compute([self.group("reduce_partials", dtypes, tl[o_idx], [pk, int(bias is not None)], ops)],
@@ -656,171 +681,6 @@ class Lowerer(LoweringState):
         dt = np.concatenate([np.full((e - s) * cols, t, I64) for s, e, t in zip(r0, r1, tl)])
         dr = np.concatenate([np.arange((e - s) * cols, dtype=I64) * isz for s, e in zip(r0, r1)])
         return gather_elems(src, elems, dt, buf, dr)
-
-    # ------------------------------------------------------------------------------------------------ attention
-    def _attention_operands(self, node):
-        """(q, k, v, mask or None, out, their four types, (Sq, d, Sk, dv), leading dims, batch*heads)."""
-        q, k, v = node.inputs[:3]
-        mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
-        out = node.outputs[0]
-        types = tuple(self.types[x] for x in (q, k, v, out))
-        (sq, d), (sk, dv) = types[0].shape[-2:], types[2].shape[-2:]
-        lead = types[0].shape[:-2]
-        return q, k, v, mask, out, types, (sq, d, sk, dv), lead, int(np.prod(lead, dtype=I64))
-
-    def _lower_attention(self, node) -> None:
-        q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
-        isz = np.dtype(qt.dtype).itemsize
-        # A head's K and V on every tile of that head: past the budget, split the keys over tiles instead.
-        kv_bytes = sk * (d + dv) * isz
-        nk = min(sk, cdiv(kv_bytes, int(ATTENTION_KV_FRACTION * self.chip.sram_bytes_per_tile)), max(1, self.T // bh))
-        if nk > 1:
-            return self._attention_key_blocks(node, nk)
-        nq = max(1, min(sq, self.T // bh)) if bh < self.T else 1
-        qcuts = even_cuts(sq, nq)
-        nq = len(qcuts) - 1
-        u_bh = np.repeat(np.arange(bh, dtype=I64), nq)
-        u_q0 = np.tile(qcuts[:-1], bh)
-        u_q1 = np.tile(qcuts[1:], bh)
-        nu = len(u_bh)
-        u_tile = np.arange(nu, dtype=I64) % self.T
-        used = np.unique(u_tile)
-        maxq = int((u_q1 - u_q0).max())
-        qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
-        kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, sk * d * isz)
-        vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, sk * dv * isz)
-        rows_cuts = np.concatenate([u_bh * sq + u_q0, [bh * sq]])
-        lay = self.alloc_layout(out + "@attn", bh * sq, dv, ot.dtype, rows_cuts, [0, dv], u_tile[:, None])
-        lq, lk, lv = (self._as_matrix(x, c) for x, c in ((q, d), (k, d), (v, dv)))
-        if mask is not None:
-            midx, mrows_same = self._mask_index(mask, lead, sq, sk, bh)
-            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
-                                   (1 if mrows_same else maxq) * sk * self.types[mask].itemsize)
-        scale = f2i(node.attrs["scale"])
-        causal = int(node.attrs.get("causal", 0))
-        for rnd in range(cdiv(nu, self.T)):
-            us = np.arange(rnd * self.T, min(nu, (rnd + 1) * self.T))
-            tl = u_tile[us]
-            parts = [gather_rects(lq, u_bh[us] * sq + u_q0[us], u_bh[us] * sq + u_q1[us], 0, d, tl, qbuf, 0, d * isz),
-                     gather_rects(lk, u_bh[us] * sk, u_bh[us] * sk + sk, 0, d, tl, kbuf, 0, d * isz),
-                     gather_rects(lv, u_bh[us] * sk, u_bh[us] * sk + sk, 0, dv, tl, vbuf, 0, dv * isz)]
-            nrows = u_q1[us] - u_q0[us]
-            ops = [(qbuf, 0, nrows, d), (kbuf, 0, sk, d), (vbuf, 0, sk, dv)]
-            dtypes = [qt.dtype, kt.dtype, vt.dtype]
-            if mask is not None:
-                zero = np.zeros(len(us), I64)
-                parts.append(self._gather_mask(mask, midx, mrows_same, u_bh[us], u_q0[us], u_q1[us], zero, zero + sk,
-                                               tl, mbuf))
-                ops.append((mbuf, 0, 1 if mrows_same else nrows, sk))
-                dtypes.append(self.types[mask].dtype)
-            self.exchange(SymTransfers.concat(parts))
-            ops.append((lay.buf, lay.rel[us, 0], nrows, dv))
-            dtypes.append(ot.dtype)
-            params = np.stack([np.full(len(us), int(mask is not None)), np.full(len(us), causal), u_q0[us],
-                               np.full(len(us), sq), np.full(len(us), sk), np.full(len(us), scale)], axis=1)
-            self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], f"Attention {out}")
-        self.set_output(out, lay)
-        self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
-
-    def _mask_index(self, mask: str, lead, sq: int, sk: int, bh: int) -> tuple[np.ndarray, bool]:
-        """The mask's flat element index per (batch*head, query, key), and whether every query row reads the same
-        elements (a padding mask broadcast over queries: one row is delivered, not sq)."""
-        mt = self.types[mask]
-        midx = np.broadcast_to(np.arange(mt.size, dtype=I64).reshape(mt.shape), tuple(lead) + (sq, sk))
-        midx = midx.reshape(bh, sq, sk)
-        return midx, bool((midx == midx[:, :1, :]).all())
-
-    def _gather_mask(self, mask: str, midx, same: bool, b_, q0, q1, k0, k1, tl, mbuf: int) -> SymTransfers:
-        """Deliver mask[b, q0:q1 (or one row when `same`), k0:k1] to each unit's tile, packed row-major at mbuf."""
-        misz = self.types[mask].itemsize
-        el = [(midx[b, :1, a:c] if same else midx[b, r0:r1, a:c]).reshape(-1)
-              for b, r0, r1, a, c in zip(b_, q0, q1, k0, k1)]
-        cnt = np.array([len(x) for x in el], I64)
-        return gather_elems(self.layout_of(mask), np.concatenate(el), np.repeat(tl, cnt), mbuf,
-                            np.concatenate([np.arange(c, dtype=I64) * misz for c in cnt]))
-
-    def _attention_key_blocks(self, node, nk: int) -> None:
-        """Keys split in nk blocks: unit (head, query block, key block) per tile computes a partial (p @ v, row max,
-        row sum); the key-block-0 tile of each (head, query block) gathers the others' partials and combines them.
-
-        Query blocks are small enough that one unit's buffers stay within the op budget (the received partials grow
-        with nk x the block's rows: SigLIP so400m at batch 4 had 217 KB of them on a tile); when that makes more units
-        than tiles they run in rounds of whole (head, query block) groups, reusing the buffers."""
-        q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
-        isz = np.dtype(qt.dtype).itemsize
-        pw = (dv + 2) * 4  # a partial row: p @ v, then the row max and the row sum (float32)
-        budget = BUFFER_FRACTION * self.temp_fraction / TEMP_FRACTION * self.chip.sram_bytes_per_tile
-        per_q = d * isz + nk * pw + dv * np.dtype(ot.dtype).itemsize  # q, own + received partials, output
-        kv = cdiv(sk, nk) * (d + dv) * isz
-        nq_mem = cdiv(sq * per_q, max(int(budget - kv), per_q))
-        nq = max(1, min(sq, max(self.T // (bh * nk), nq_mem)))
-        qcuts, kcuts = even_cuts(sq, nq), even_cuts(sk, nk)
-        nq, nk = len(qcuts) - 1, len(kcuts) - 1
-        # unit index = (b * nq + i) * nk + j
-        b_ = np.repeat(np.arange(bh, dtype=I64), nq * nk)
-        i_ = np.tile(np.repeat(np.arange(nq, dtype=I64), nk), bh)
-        j_ = np.tile(np.arange(nk, dtype=I64), bh * nq)
-        q0, q1, k0, k1 = qcuts[i_], qcuts[i_ + 1], kcuts[j_], kcuts[j_ + 1]
-        nu = len(b_)
-        per_round = self.T // nk * nk  # whole groups of nk units
-        tl = (np.arange(nu, dtype=I64) % per_round + self.row_cursor) % self.T  # rotating, like row layouts
-        self.row_cursor = (self.row_cursor + min(nu, per_round)) % self.T
-        used = np.unique(tl)
-        maxq, maxk = int((q1 - q0).max()), int((k1 - k0).max())
-        qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
-        kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, maxk * d * isz)
-        vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, maxk * dv * isz)
-        pbuf = self.new_buffer(f"{out}@partial", "buffers", used, maxq * pw)
-        own = j_ == 0
-        rbuf = self.new_buffer(f"{out}@recv", "buffers", np.unique(tl[own]), (nk - 1) * maxq * pw)
-        o_idx = np.flatnonzero(own)
-        rows_cuts = np.concatenate([b_[o_idx] * sq + q0[o_idx], [bh * sq]])
-        lay = self.alloc_layout(out + "@attn", bh * sq, dv, ot.dtype, rows_cuts, [0, dv], tl[o_idx][:, None])
-        orel = lay.rel.reshape(-1)
-        lq, lk, lv = (self._as_matrix(x, c) for x, c in ((q, d), (k, d), (v, dv)))
-        if mask is not None:
-            midx, same = self._mask_index(mask, lead, sq, sk, bh)
-            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
-                                   (1 if same else maxq) * maxk * self.types[mask].itemsize)
-        nrows, nkeys = q1 - q0, k1 - k0
-        causal, scale = int(node.attrs.get("causal", 0)), f2i(node.attrs["scale"])
-        rounds = cdiv(nu, per_round)
-        for r in range(rounds):
-            us = np.arange(r * per_round, min(nu, (r + 1) * per_round))
-            t_, b, q_0, q_1, k_0, k_1 = tl[us], b_[us], q0[us], q1[us], k0[us], k1[us]
-            parts = [gather_rects(lq, b * sq + q_0, b * sq + q_1, 0, d, t_, qbuf, 0, d * isz),
-                     gather_rects(lk, b * sk + k_0, b * sk + k_1, 0, d, t_, kbuf, 0, d * isz),
-                     gather_rects(lv, b * sk + k_0, b * sk + k_1, 0, dv, t_, vbuf, 0, dv * isz)]
-            ops = [(qbuf, 0, nrows[us], d), (kbuf, 0, nkeys[us], d), (vbuf, 0, nkeys[us], dv)]
-            dtypes = [qt.dtype, kt.dtype, vt.dtype]
-            if mask is not None:
-                parts.append(self._gather_mask(mask, midx, same, b, q_0, q_1, k_0, k_1, t_, mbuf))
-                ops.append((mbuf, 0, 1 if same else nrows[us], nkeys[us]))
-                dtypes.append(self.types[mask].dtype)
-            self.exchange(SymTransfers.concat(parts))
-            ops.append((pbuf, 0, nrows[us], dv + 2))
-            dtypes.append("float32")
-            n = len(us)
-            params = np.stack([np.full(n, int(mask is not None)), np.full(n, causal), q_0, np.full(n, sq),
-                               np.full(n, sk), np.full(n, scale), k_0], axis=1)
-            tag = f" ({r + 1}/{rounds})" if rounds > 1 else ""
-            self.compute([self.group("attention_partial", tuple(dtypes), t_, params, ops)],
-                         f"Attention {out} partials{tag}")
-            # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.
-            snd = us[~own[us]]
-            owner = snd - j_[snd]
-            nb_ = nrows[snd] * pw
-            self.exchange(make_transfers(tl[snd], pbuf, 0, 1, nb_, nb_, tl[owner], rbuf, (j_[snd] - 1) * maxq * pw,
-                                         nb_))
-            oi = us[own[us]]
-            ob = np.searchsorted(o_idx, oi)  # their blocks of the output layout
-            cops = [(pbuf, 0, nrows[oi], dv + 2)] + [(rbuf, j * maxq * pw, nrows[oi], dv + 2) for j in range(nk - 1)]
-            cops.append((lay.buf, orel[ob], nrows[oi], dv))
-            self.compute([self.group("attention_combine", ("float32",) * nk + (ot.dtype,), tl[oi], [nk], cops)],
-                         f"Attention {out} combine{tag}")
-        self.set_output(out, lay)
-        self.strategies[node.name or out] = (f"attention, {bh} heads x {nq} query blocks x {nk} key blocks over "
-                                             f"{len(used)} tiles" + (f" in {rounds} rounds" if rounds > 1 else ""))
 
     def _as_matrix(self, value: str, cols: int) -> Layout:
         lay = self.layout_of(value)

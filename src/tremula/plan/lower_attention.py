@@ -1,0 +1,271 @@
+"""Lower fused Attention onto the tiles: one unit (head, query block[, key block]) per tile, and head views that read
+q, k, v straight from the projections' [B*S, H*d] layouts and write the output in the [B*S, H*dv] layout the output
+projection reads, so the head split and merge around attention move no data of their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tremula.codelets import f2i
+from tremula.ir.graph import Graph
+from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
+from tremula.plan.layout import Layout, even_cuts, view2d
+from tremula.plan.strategies import ATTENTION_KV_FRACTION, BUFFER_FRACTION, TEMP_FRACTION, cdiv
+
+I64 = np.int64
+HEAD_PERM = (0, 2, 1, 3)  # [B, S, H, d] <-> [B, H, S, d]
+
+
+@dataclass(frozen=True)
+class HeadView:
+    """A [B, H, S, d] attention operand or result that is a Reshape + Transpose of the [B*S, H*d] matrix `value`."""
+    value: str
+    heads: int
+    seq: int
+    dim: int
+
+
+def _single(consumers, graph: Graph, value: str, op: str):
+    users = consumers.get(value, [])
+    if len(users) == 1 and users[0].op == op and value not in graph.outputs:
+        return users[0]
+    return None
+
+
+def head_views(graph: Graph) -> tuple[dict[str, HeadView], dict[str, HeadView], set[str]]:
+    """(attention operand -> its view, attention output -> its view, outputs of the Reshape/Transpose nodes the views
+    replace). An operand qualifies when it is Transpose(HEAD_PERM) of Reshape([B, S, H, d]) of a [.., H*d] value with
+    no other readers; an output when its only reader is Transpose(HEAD_PERM) then Reshape back to [.., H*dv]."""
+    consumers, producers, types = graph.consumers(), graph.producers(), graph.types
+    ins: dict[str, HeadView] = {}
+    outs: dict[str, HeadView] = {}
+    skip: set[str] = set()
+    for node in graph.nodes:
+        if node.op != "Attention":
+            continue
+        for x in [i for i in node.inputs[:3] if i]:
+            tr = producers.get(x)
+            if x in ins or tr is None or tr.op != "Transpose" or tuple(tr.attrs.get("perm", ())) != HEAD_PERM:
+                continue
+            if not all(c.op == "Attention" for c in consumers.get(x, [])) or x in graph.outputs:
+                continue
+            rs = producers.get(tr.inputs[0])
+            if rs is None or rs.op != "Reshape" or _single(consumers, graph, tr.inputs[0], "Transpose") is None:
+                continue
+            src = rs.inputs[0]
+            b, s, h, d = types[tr.inputs[0]].shape
+            if src in graph.constants or view2d(types[src].shape) != (b * s, h * d):
+                continue
+            ins[x] = HeadView(src, h, s, d)
+            skip |= {tr.inputs[0], x}
+        out = node.outputs[0]
+        tr = _single(consumers, graph, out, "Transpose")
+        if tr is None or tuple(tr.attrs.get("perm", ())) != HEAD_PERM:
+            continue
+        rs = _single(consumers, graph, tr.outputs[0], "Reshape")
+        b, h, s, dv = types[out].shape
+        if rs is None or view2d(types[rs.outputs[0]].shape) != (b * s, h * dv):
+            continue
+        outs[out] = HeadView(rs.outputs[0], h, s, dv)
+        skip |= {tr.outputs[0], rs.outputs[0]}
+    return ins, outs, skip
+
+
+class AttentionLowering:
+    """Mixin of the Lowerer (plan/lower_ops.py): attention units, their operand gathers and the output layout."""
+
+    def _attention_operands(self, node):
+        """(q, k, v, mask or None, out, their four types, (Sq, d, Sk, dv), leading dims, batch*heads)."""
+        q, k, v = node.inputs[:3]
+        mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+        out = node.outputs[0]
+        types = tuple(self.types[x] for x in (q, k, v, out))
+        (sq, d), (sk, dv) = types[0].shape[-2:], types[2].shape[-2:]
+        lead = types[0].shape[:-2]
+        return q, k, v, mask, out, types, (sq, d, sk, dv), lead, int(np.prod(lead, dtype=I64))
+
+    def _head_rects(self, value: str, units: np.ndarray, r0: np.ndarray, r1: np.ndarray):
+        """Where rows r0:r1 of each unit's [S, d] matrix of `value` are: (layout, rows from, rows to, cols from,
+        cols to). A head view reads head h of sample b at rows b*S + r, columns h*d + j of the projection."""
+        hv = self.head_in.get(value)
+        if hv is None:
+            t = self.types[value]
+            s, d = t.shape[-2:]
+            zero = np.zeros(len(units), I64)
+            return self._as_matrix(value, d), units * s + r0, units * s + r1, zero, zero + d
+        b, h = units // hv.heads, units % hv.heads
+        return self.layout_of(hv.value), b * hv.seq + r0, b * hv.seq + r1, h * hv.dim, (h + 1) * hv.dim
+
+    def _gather_heads(self, value: str, units, r0, r1, tiles, buf: int) -> SymTransfers:
+        lay, a0, a1, c0, c1 = self._head_rects(value, units, r0, r1)
+        return gather_rects(lay, a0, a1, c0, c1, tiles, buf, 0, (c1 - c0) * lay.itemsize)
+
+    def _attention_output(self, out: str, dtype: str, units, qi, qcuts, tiles) -> tuple[Layout, np.ndarray, str]:
+        """The output layout (one block per unit: rows qcuts[qi]:qcuts[qi + 1] of head `units`), each unit's block
+        offset, and the value it holds: the merged [B*S, H*dv] value under a head view, else `out` itself."""
+        t = self.types[out]
+        sq, dv = t.shape[-2:]
+        bh = len(units) // (len(qcuts) - 1)
+        hv = self.head_out.get(out)
+        if hv is None:
+            rows_cuts = np.concatenate([units * sq + qcuts[qi], [bh * sq]])
+            lay = self.alloc_layout(out + "@attn", bh * sq, dv, dtype, rows_cuts, [0, dv], tiles[:, None])
+            return lay, lay.rel[:, 0], out
+        nq, h = len(qcuts) - 1, hv.heads
+        b = units // h
+        nb = bh // h
+        grid = np.zeros((nb * nq, h), I64)
+        grid[b * nq + qi, units % h] = tiles
+        rows_cuts = np.concatenate([(np.arange(nb)[:, None] * sq + qcuts[None, :-1]).reshape(-1), [nb * sq]])
+        lay = self.alloc_layout(hv.value, nb * sq, h * dv, dtype, rows_cuts, np.arange(h + 1) * dv, grid)
+        return lay, lay.rel[b * nq + qi, units % h], hv.value
+
+    def _lower_attention(self, node) -> None:
+        q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
+        isz = np.dtype(qt.dtype).itemsize
+        # A head's K and V on every tile of that head: past the budget, split the keys over tiles instead.
+        kv_bytes = sk * (d + dv) * isz
+        nk = min(sk, cdiv(kv_bytes, int(ATTENTION_KV_FRACTION * self.chip.sram_bytes_per_tile)), max(1, self.T // bh))
+        if nk > 1:
+            return self._attention_key_blocks(node, nk)
+        nq = max(1, min(sq, self.T // bh)) if bh < self.T else 1
+        qcuts = even_cuts(sq, nq)
+        nq = len(qcuts) - 1
+        u_bh = np.repeat(np.arange(bh, dtype=I64), nq)
+        u_qi = np.tile(np.arange(nq, dtype=I64), bh)
+        u_q0, u_q1 = qcuts[u_qi], qcuts[u_qi + 1]
+        nu = len(u_bh)
+        u_tile = np.arange(nu, dtype=I64) % self.T
+        used = np.unique(u_tile)
+        maxq = int((u_q1 - u_q0).max())
+        qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
+        kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, sk * d * isz)
+        vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, sk * dv * isz)
+        lay, orel, value = self._attention_output(out, ot.dtype, u_bh, u_qi, qcuts, u_tile)
+        if mask is not None:
+            midx, mrows_same = self._mask_index(mask, lead, sq, sk, bh)
+            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
+                                   (1 if mrows_same else maxq) * sk * self.types[mask].itemsize)
+        scale = f2i(node.attrs["scale"])
+        causal = int(node.attrs.get("causal", 0))
+        for rnd in range(cdiv(nu, self.T)):
+            us = np.arange(rnd * self.T, min(nu, (rnd + 1) * self.T))
+            tl = u_tile[us]
+            zero = np.zeros(len(us), I64)
+            parts = [self._gather_heads(q, u_bh[us], u_q0[us], u_q1[us], tl, qbuf),
+                     self._gather_heads(k, u_bh[us], zero, zero + sk, tl, kbuf),
+                     self._gather_heads(v, u_bh[us], zero, zero + sk, tl, vbuf)]
+            nrows = u_q1[us] - u_q0[us]
+            ops = [(qbuf, 0, nrows, d), (kbuf, 0, sk, d), (vbuf, 0, sk, dv)]
+            dtypes = [qt.dtype, kt.dtype, vt.dtype]
+            if mask is not None:
+                parts.append(self._gather_mask(mask, midx, mrows_same, u_bh[us], u_q0[us], u_q1[us], zero, zero + sk,
+                                               tl, mbuf))
+                ops.append((mbuf, 0, 1 if mrows_same else nrows, sk))
+                dtypes.append(self.types[mask].dtype)
+            self.exchange(SymTransfers.concat(parts))
+            ops.append((lay.buf, orel[us], nrows, dv))
+            dtypes.append(ot.dtype)
+            params = np.stack([np.full(len(us), int(mask is not None)), np.full(len(us), causal), u_q0[us],
+                               np.full(len(us), sq), np.full(len(us), sk), np.full(len(us), scale)], axis=1)
+            self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], f"Attention {out}")
+        self.set_output(value, lay)
+        self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
+
+    def _mask_index(self, mask: str, lead, sq: int, sk: int, bh: int) -> tuple[np.ndarray, bool]:
+        """The mask's flat element index per (batch*head, query, key), and whether every query row reads the same
+        elements (a padding mask broadcast over queries: one row is delivered, not sq)."""
+        mt = self.types[mask]
+        midx = np.broadcast_to(np.arange(mt.size, dtype=I64).reshape(mt.shape), tuple(lead) + (sq, sk))
+        midx = midx.reshape(bh, sq, sk)
+        return midx, bool((midx == midx[:, :1, :]).all())
+
+    def _gather_mask(self, mask: str, midx, same: bool, b_, q0, q1, k0, k1, tl, mbuf: int) -> SymTransfers:
+        """Deliver mask[b, q0:q1 (or one row when `same`), k0:k1] to each unit's tile, packed row-major at mbuf."""
+        misz = self.types[mask].itemsize
+        el = [(midx[b, :1, a:c] if same else midx[b, r0:r1, a:c]).reshape(-1)
+              for b, r0, r1, a, c in zip(b_, q0, q1, k0, k1)]
+        cnt = np.array([len(x) for x in el], I64)
+        return gather_elems(self.layout_of(mask), np.concatenate(el), np.repeat(tl, cnt), mbuf,
+                            np.concatenate([np.arange(c, dtype=I64) * misz for c in cnt]))
+
+    def _attention_key_blocks(self, node, nk: int) -> None:
+        """Keys split in nk blocks: unit (head, query block, key block) per tile computes a partial (p @ v, row max,
+        row sum); the key-block-0 tile of each (head, query block) gathers the others' partials and combines them.
+
+        Query blocks are small enough that one unit's buffers stay within the op budget (the received partials grow
+        with nk x the block's rows: SigLIP so400m at batch 4 had 217 KB of them on a tile); when that makes more units
+        than tiles they run in rounds of whole (head, query block) groups, reusing the buffers."""
+        q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
+        isz = np.dtype(qt.dtype).itemsize
+        pw = (dv + 2) * 4  # a partial row: p @ v, then the row max and the row sum (float32)
+        budget = BUFFER_FRACTION * self.temp_fraction / TEMP_FRACTION * self.chip.sram_bytes_per_tile
+        per_q = d * isz + nk * pw + dv * np.dtype(ot.dtype).itemsize  # q, own + received partials, output
+        kv = cdiv(sk, nk) * (d + dv) * isz
+        nq_mem = cdiv(sq * per_q, max(int(budget - kv), per_q))
+        nq = max(1, min(sq, max(self.T // (bh * nk), nq_mem)))
+        qcuts, kcuts = even_cuts(sq, nq), even_cuts(sk, nk)
+        nq, nk = len(qcuts) - 1, len(kcuts) - 1
+        # unit index = (b * nq + i) * nk + j
+        b_ = np.repeat(np.arange(bh, dtype=I64), nq * nk)
+        i_ = np.tile(np.repeat(np.arange(nq, dtype=I64), nk), bh)
+        j_ = np.tile(np.arange(nk, dtype=I64), bh * nq)
+        q0, q1, k0, k1 = qcuts[i_], qcuts[i_ + 1], kcuts[j_], kcuts[j_ + 1]
+        nu = len(b_)
+        per_round = self.T // nk * nk  # whole groups of nk units
+        tl = (np.arange(nu, dtype=I64) % per_round + self.row_cursor) % self.T  # rotating, like row layouts
+        self.row_cursor = (self.row_cursor + min(nu, per_round)) % self.T
+        used = np.unique(tl)
+        maxq, maxk = int((q1 - q0).max()), int((k1 - k0).max())
+        qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
+        kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, maxk * d * isz)
+        vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, maxk * dv * isz)
+        pbuf = self.new_buffer(f"{out}@partial", "buffers", used, maxq * pw)
+        own = j_ == 0
+        rbuf = self.new_buffer(f"{out}@recv", "buffers", np.unique(tl[own]), (nk - 1) * maxq * pw)
+        o_idx = np.flatnonzero(own)
+        lay, orel, value = self._attention_output(out, ot.dtype, b_[o_idx], i_[o_idx], qcuts, tl[o_idx])
+        if mask is not None:
+            midx, same = self._mask_index(mask, lead, sq, sk, bh)
+            mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
+                                   (1 if same else maxq) * maxk * self.types[mask].itemsize)
+        nrows, nkeys = q1 - q0, k1 - k0
+        causal, scale = int(node.attrs.get("causal", 0)), f2i(node.attrs["scale"])
+        rounds = cdiv(nu, per_round)
+        for r in range(rounds):
+            us = np.arange(r * per_round, min(nu, (r + 1) * per_round))
+            t_, b, q_0, q_1, k_0, k_1 = tl[us], b_[us], q0[us], q1[us], k0[us], k1[us]
+            parts = [self._gather_heads(q, b, q_0, q_1, t_, qbuf), self._gather_heads(k, b, k_0, k_1, t_, kbuf),
+                     self._gather_heads(v, b, k_0, k_1, t_, vbuf)]
+            ops = [(qbuf, 0, nrows[us], d), (kbuf, 0, nkeys[us], d), (vbuf, 0, nkeys[us], dv)]
+            dtypes = [qt.dtype, kt.dtype, vt.dtype]
+            if mask is not None:
+                parts.append(self._gather_mask(mask, midx, same, b, q_0, q_1, k_0, k_1, t_, mbuf))
+                ops.append((mbuf, 0, 1 if same else nrows[us], nkeys[us]))
+                dtypes.append(self.types[mask].dtype)
+            self.exchange(SymTransfers.concat(parts))
+            ops.append((pbuf, 0, nrows[us], dv + 2))
+            dtypes.append("float32")
+            n = len(us)
+            params = np.stack([np.full(n, int(mask is not None)), np.full(n, causal), q_0, np.full(n, sq),
+                               np.full(n, sk), np.full(n, scale), k_0], axis=1)
+            tag = f" ({r + 1}/{rounds})" if rounds > 1 else ""
+            self.compute([self.group("attention_partial", tuple(dtypes), t_, params, ops)],
+                         f"Attention {out} partials{tag}")
+            # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.
+            snd = us[~own[us]]
+            owner = snd - j_[snd]
+            nb_ = nrows[snd] * pw
+            self.exchange(make_transfers(tl[snd], pbuf, 0, 1, nb_, nb_, tl[owner], rbuf, (j_[snd] - 1) * maxq * pw,
+                                         nb_))
+            oi = us[own[us]]
+            ob = np.searchsorted(o_idx, oi)  # their blocks of the output layout
+            cops = [(pbuf, 0, nrows[oi], dv + 2)] + [(rbuf, j * maxq * pw, nrows[oi], dv + 2) for j in range(nk - 1)]
+            cops.append((lay.buf, orel[ob], nrows[oi], dv))
+            self.compute([self.group("attention_combine", ("float32",) * nk + (ot.dtype,), tl[oi], [nk], cops)],
+                         f"Attention {out} combine{tag}")
+        self.set_output(value, lay)
+        self.strategies[node.name or out] = (f"attention, {bh} heads x {nq} query blocks x {nk} key blocks over "
+                                             f"{len(used)} tiles" + (f" in {rounds} rounds" if rounds > 1 else ""))

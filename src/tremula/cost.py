@@ -168,6 +168,28 @@ def softmax_cycles(chip: Chip, rows: int, row_len: int, dtype: str) -> int:
     )
 
 
+def layernorm_moments_cycles(chip: Chip, rows: int, width: int, dtype: str) -> int:
+    """LayerNorm over column blocks, step 1 on one block: each row's mean and sum of squared deviations."""
+    n = _count("rows", rows) * _count("width", width)
+    if n == 0:
+        return 0
+    return (reduce_cycles(chip, rows, width, "fp32") + vector_cycles(chip, "sub", n, dtype)
+            + vector_cycles(chip, "mul", n, dtype) + reduce_cycles(chip, rows, width, "fp32"))
+
+
+def layernorm_apply_cycles(chip: Chip, rows: int, width: int, parts: int, dtype: str) -> int:
+    """LayerNorm over column blocks, step 2 on one block: combine the parts' moments per row (Chan et al.: weighted
+    mean, then each part's M2 plus its count x squared mean offset, ~6 float ops per part and row), rsqrt, normalise
+    and the affine on the block's columns."""
+    n = _count("rows", rows) * _count("width", width)
+    if n == 0:
+        return 0
+    return (vector_cycles(chip, "mul", 6 * rows * parts, "fp32") + vector_cycles(chip, "add", rows, "fp32")
+            + vector_cycles(chip, "rsqrt", rows, "fp32") + vector_cycles(chip, "sub", n, dtype)
+            + vector_cycles(chip, "mul", n, dtype) + vector_cycles(chip, "mul", n, dtype)
+            + vector_cycles(chip, "add", n, dtype))
+
+
 def layernorm_cycles(chip: Chip, rows: int, row_len: int, dtype: str) -> int:
     """LayerNorm over the last axis: mean, centre, square, variance, rsqrt(var + eps) per row, normalise, affine."""
     n = _count("rows", rows) * _count("row_len", row_len)

@@ -99,3 +99,20 @@ def test_streamed_weights(monkeypatch, model, dtype):
             size = sum(int((c.r1 - c.r0) * (c.c1 - c.c0)) for c in prog.consts if c.name == name)
             assert size == int(res.compile.graph.types[name].size), name
     assert res.passed, res.outputs
+
+
+@pytest.mark.parametrize("model", ["vit-tiny", "bert-tiny", "siglip-tiny"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp8"])
+def test_memory_budget_plans(monkeypatch, model, dtype):
+    """Under a permanent-bytes budget (the compiler's retries) the planner keeps LayerNorms in place on column blocks,
+    cuts the residual stream in PANEL_PARTS panels and matches every matmul's K cuts to its operand's blocks: the
+    answer must still be the reference's."""
+    from tremula import compiler
+    from tremula.plan.lower_ops import PANEL_PARTS
+
+    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.12, 0.4),))
+    res = check_model(model, "c600", 2, dtype)
+    strategies = res.compile.strategies.values()
+    assert any("in place" in s for s in strategies)
+    assert any(s.startswith("linear") and f" pn={PANEL_PARTS} " in s for s in strategies)
+    assert res.passed, res.outputs

@@ -49,3 +49,34 @@ def test_fp8_matmul_cycles_use_the_c600_quarter_rate_and_fail_elsewhere():
     assert fp8 < fp16
     with pytest.raises(TremulaError):
         cl.cycles(load_chip("mk2"), (0, 0, 0, 0, 32), shapes, ("uint8", "uint8", "int8", "float16"))
+
+
+def test_layernorm_over_column_blocks_matches_two_pass():
+    """LayerNorm split in column parts (moments per part, combined per row) equals the one-block two-pass codelet, also
+    for rows whose mean is a thousand times their spread (where sum-of-squares formulas lose every digit)."""
+    import numpy as np
+
+    from tremula.codelets import codelet, f2i
+    from tremula.plan.layout import even_cuts
+
+    rng = np.random.default_rng(0)
+    rows, cols, parts = 5, 37, 4
+    x = (rng.standard_normal((rows, cols)) * 0.1 + np.array([[100], [0], [-5], [1], [30]])).astype(np.float32)
+    g = rng.standard_normal((1, cols)).astype(np.float32)
+    b = rng.standard_normal((1, cols)).astype(np.float32)
+    cuts = even_cuts(cols, parts)
+    mom = np.zeros((parts * rows, 2), np.float32)
+    for j in range(parts):
+        codelet("layernorm_moments").run([x[:, cuts[j]:cuts[j + 1]], mom[j * rows:(j + 1) * rows]], [0])
+    got = np.zeros_like(x)
+    eps = 1e-6
+    for j in range(parts):
+        c = slice(cuts[j], cuts[j + 1])
+        out = np.zeros((rows, cuts[j + 1] - cuts[j]), np.float32)
+        codelet("layernorm_apply").run([x[:, c], mom, g[:, c], b[:, c], out], [f2i(eps), 1, parts, cols])
+        got[:, c] = out
+    want = np.zeros_like(x)
+    codelet("layernorm").run([x, g, b, want], [f2i(eps), 1])
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+    sq = (x.astype(np.float32) ** 2).mean(-1) - x.astype(np.float32).mean(-1) ** 2  # the formula it avoids
+    assert abs(sq[0] - np.var(x[0].astype(np.float64))) > 0.1 * np.var(x[0].astype(np.float64))

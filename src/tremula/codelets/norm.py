@@ -25,6 +25,46 @@ def _layernorm_cycles(chip, params, shapes, dtypes) -> int:
     return cost_terms.layernorm_cycles(chip, r, c, dtypes[0])
 
 
+def _ln_moments(ops, params) -> None:
+    # LayerNorm over column blocks, step 1. operands: x [r,w], out [r,2] float32 = (mean, M2) of each row of the block
+    x, out = ops
+    acc = x.astype(np.float32)
+    mu = acc.mean(axis=-1, keepdims=True)
+    out[..., 0:1] = mu
+    out[..., 1:2] = ((acc - mu) ** 2).sum(axis=-1, keepdims=True)
+
+
+def _ln_moments_cycles(chip, params, shapes, dtypes) -> int:
+    r, w = shapes[0]
+    return cost_terms.layernorm_moments_cycles(chip, r, w, dtypes[0])
+
+
+def _ln_apply(ops, params) -> None:
+    # LayerNorm over column blocks, step 2. params: (eps as float64 bits, has_bias, parts, cols). operands: x [r,w],
+    # the moments of all parts of these rows [parts*r, 2] (part j at rows j*r), gamma [1,w], (beta [1,w]), out [r,w].
+    # The parts' widths are even_cuts(cols, parts); the combine (Chan et al.) runs in part order, so every block of a
+    # row computes the same mean and variance, and they equal the two-pass ones up to float32 rounding.
+    x, mom, g, out = ops[0], ops[1], ops[2], ops[-1]
+    parts, cols = int(params[2]), int(params[3])
+    r = x.shape[-2]
+    m = mom.astype(np.float32).reshape(mom.shape[:-2] + (parts, r, 2))
+    base, extra = divmod(cols, parts)
+    n = (base + (np.arange(parts) < extra)).astype(np.float32)[:, None]  # [parts, 1]
+    mu_p, m2_p = m[..., 0], m[..., 1]  # [.., parts, r]
+    mean = (n * mu_p).sum(axis=-2) / np.float32(cols)
+    var = (m2_p + n * (mu_p - mean[..., None, :]) ** 2).sum(axis=-2) / np.float32(cols)
+    acc = x.astype(np.float32)
+    y = (acc - mean[..., None]) / np.sqrt(var[..., None] + np.float32(i2f(params[0]))) * g.astype(np.float32)
+    if params[1]:
+        y = y + ops[3].astype(np.float32)
+    out[...] = y.astype(out.dtype)
+
+
+def _ln_apply_cycles(chip, params, shapes, dtypes) -> int:
+    r, w = shapes[0]
+    return cost_terms.layernorm_apply_cycles(chip, r, w, int(params[2]), dtypes[0])
+
+
 def softmax_rows(x: np.ndarray) -> np.ndarray:
     """Numerically stable softmax over the last axis in float32 (float64 stays float64); all -inf rows give 0."""
     acc = x.astype(np.float32) if x.dtype == np.float16 else x
@@ -62,5 +102,7 @@ def _reduce_cycles(chip, params, shapes, dtypes) -> int:
 
 
 register("layernorm", _layernorm, (-1,), _layernorm_cycles)
+register("layernorm_moments", _ln_moments, (-1,), _ln_moments_cycles)
+register("layernorm_apply", _ln_apply, (-1,), _ln_apply_cycles)
 register("softmax", _softmax, (-1,), _softmax_cycles)
 register("reduce", _reduce, (-1,), _reduce_cycles)

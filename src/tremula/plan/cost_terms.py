@@ -51,6 +51,14 @@ def layernorm_cycles(chip, rows: int, cols: int, dtype: str) -> int:
     return int(cost.layernorm_cycles(chip, rows, cols, _d(dtype)))
 
 
+def layernorm_moments_cycles(chip, rows: int, width: int, dtype: str) -> int:
+    return int(cost.layernorm_moments_cycles(chip, rows, width, _d(dtype)))
+
+
+def layernorm_apply_cycles(chip, rows: int, width: int, parts: int, dtype: str) -> int:
+    return int(cost.layernorm_apply_cycles(chip, rows, width, parts, _d(dtype)))
+
+
 def reduce_cycles(chip, rows: int, cols: int, dtype: str) -> int:
     return int(cost.reduce_cycles(chip, rows, cols, _d(dtype)))
 

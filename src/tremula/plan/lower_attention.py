@@ -215,8 +215,10 @@ class AttentionLowering:
         q0, q1, k0, k1 = qcuts[i_], qcuts[i_ + 1], kcuts[j_], kcuts[j_ + 1]
         nu = len(b_)
         per_round = self.T // nk * nk  # whole groups of nk units
-        tl = (np.arange(nu, dtype=I64) % per_round + self.row_cursor) % self.T  # rotating, like row layouts
-        self.row_cursor = (self.row_cursor + min(nu, per_round)) % self.T
+        # Rotating, like row layouts, and on through the rounds: each round's units are on distinct tiles, and the
+        # output blocks (the key-block-0 units') spread over all tiles instead of piling up on one round's owners.
+        tl = (np.arange(nu, dtype=I64) + self.row_cursor) % self.T
+        self.row_cursor = (self.row_cursor + nu) % self.T
         used = np.unique(tl)
         maxq, maxk = int((q1 - q0).max()), int((k1 - k0).max())
         qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)

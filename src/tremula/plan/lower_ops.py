@@ -18,7 +18,8 @@ from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make
 from tremula.plan.lower_attention import AttentionLowering, head_views
 from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, reshape_free, view2d
 from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
-from tremula.plan.state import LoweringState, SymConst, SymStream
+from tremula.plan import cost_terms
+from tremula.plan.state import ROW_PARTS_PER_SQRT_TILES, LoweringState, SymConst, SymStream
 from tremula.plan.strategies import (
     ROW_BLOCK_FRACTION,
     TEMP_FRACTION,
@@ -36,6 +37,10 @@ MOVE_OPS = {"Reshape", "Transpose", "Slice", "Concat", "Split", "Expand", "Ident
 ROW_OPS = {"LayerNorm", "Softmax", "ReduceSum", "ReduceMean", "ReduceMax"}
 ELEMENTWISE = set(UNARY_IDS) | set(BINARY_IDS) | {"Where", "Cast", "Gelu", "Fp8Quantize"}
 MATMULS = ("Linear", "MatMul", "LinearFp8")
+# Column blocks of the residual stream under a memory budget (Lowerer._panel_parts). Six: the cheapest of 4-16 for
+# SigLIP so400m's layer at batch 4 by the planner's own estimates (matmul cycles within 1 % of unconstrained cuts),
+# and small enough that the matmuls' K splits keep their reduce-scatters short.
+PANEL_PARTS = 6
 
 
 def supported(graph: Graph) -> list[str]:
@@ -251,7 +256,10 @@ class Lowerer(AttentionLowering, LoweringState):
         ot = self.types[out]
         rows, cols = view2d(ot.shape)
         lay = None
-        for i in node.inputs:
+        ins = list(node.inputs)
+        if self.perm_fraction is not None:  # under a memory budget the residual stream takes the panels' blocks
+            ins.sort(key=lambda i: not (i and i in self.layouts and self._is_panels(self.layouts[i])))
+        for i in ins:
             if i and self.types[i].shape == ot.shape and i not in self.graph.constants:
                 src = self.layout_of(i)
                 others = [j for j in node.inputs if j and j != i and j not in self.graph.constants
@@ -317,6 +325,8 @@ class Lowerer(AttentionLowering, LoweringState):
             perm = keep + list(axes)
             idx = np.transpose(np.arange(xt.size, dtype=I64).reshape(xt.shape), perm).reshape(-1)
             mat = self._move_elems(f"{x}@T{out}", [self.layout_of(x)], idx, lead, red, xt.dtype)
+        if node.op == "LayerNorm" and mat is not None and self._layernorm_blocks(node, mat):
+            return
         mat = self.as_rows(mat, f"{x}@rows{out}")
         ocols = red if node.op in ("LayerNorm", "Softmax") else 1
         res = self.alloc_layout(out if ocols == red and perm_free(node, axes, rank) else f"{out}@res", mat.rows, ocols,
@@ -347,6 +357,66 @@ class Lowerer(AttentionLowering, LoweringState):
         else:
             self.set_output(out, res)
         self.strategies[node.name or out] = f"{node.op} rows over {len(tl)} tiles"
+
+    def _layernorm_blocks(self, node, src: Layout) -> bool:
+        """LayerNorm in place on a layout of column blocks (a matmul's output), instead of re-laying it out in rows:
+        each block computes its rows' (mean, M2), every block of a row receives the others' (all-gather, one
+        contiguous multicast per block), combines them and normalises its own columns. The output keeps the input's
+        blocks, so the next matmul's K slices stay whole blocks. A re-layout to rows costs one exchange instruction
+        per row and block on both sides, which grows with the batch (SigLIP so400m at batch 8: 28 KB a tile for its
+        54 LayerNorms). False (nothing done) when the columns are not even cuts or the moments would not fit."""
+        nr, nc = len(src.row_cuts) - 1, len(src.col_cuts) - 1
+        if nc == 1 or not np.array_equal(src.col_cuts, even_cuts(src.cols, nc)):
+            return False
+        tl, rel, r0, r1, c0, c1 = blocks(src)
+        rows, w = r1 - r0, c1 - c0
+        mom = nc * rows * 8  # every part's (mean, M2) per row, float32
+        if mom.max() > self.row_block_bytes * 4:
+            return False
+        x, out = node.inputs[0], node.outputs[0]
+        xt, ot = self.types[x], self.types[out]
+        # Under a memory budget (the compiler's retries) always; else only when it is also the faster of the two
+        # (on small models the extra step's sync outweighs the re-layout it saves).
+        if self.perm_fraction is None:
+            chip, isz = self.chip, src.itemsize
+            parts = max(self.T ** 0.5 * ROW_PARTS_PER_SQRT_TILES, src.rows * src.cols * isz / self.row_block_bytes)
+            per = cdiv(src.rows, int(min(parts, self.T, src.rows)))
+            as_rows = (cost_terms.exchange_cycles(chip, int((rows * w).max()) * isz, per * src.cols * isz)
+                       + cost_terms.sync_cycles(chip) + cost_terms.layernorm_cycles(chip, per, src.cols, xt.dtype))
+            rm, wm = int(rows.max()), int(w.max())
+            in_place = (cost_terms.layernorm_moments_cycles(chip, rm, wm, xt.dtype) + 2 * cost_terms.sync_cycles(chip)
+                        + cost_terms.exchange_cycles(chip, rm * 8, (nc - 1) * rm * 8)
+                        + cost_terms.layernorm_apply_cycles(chip, rm, wm, nc, xt.dtype))
+            if in_place > as_rows:
+                return False
+        mrel, used = block_rel_offsets(tl, mom)
+        mbuf = self.new_buffer(f"{out}@moments", "buffers", list(used.keys()), list(used.values()))
+        j = np.tile(np.arange(nc), nr)
+        self.compute([self.group("layernorm_moments", (xt.dtype, "float32"), tl, [0],
+                                 [(src.buf, rel, rows, w), (mbuf, mrel + j * rows * 8, rows, 2)])],
+                     f"LayerNorm {out} moments")
+        # block (i, j) sends its slot j to the nc - 1 other blocks of row block i
+        snd = np.repeat(np.arange(nr * nc), nc)
+        dst = (snd // nc) * nc + np.tile(np.arange(nc), nr * nc)
+        keep = dst != snd
+        snd, dst = snd[keep], dst[keep]
+        nb_ = rows[snd] * 8
+        self.exchange(make_transfers(tl[snd], mbuf, mrel[snd] + j[snd] * nb_, 1, nb_, nb_, tl[dst], mbuf,
+                                     mrel[dst] + j[snd] * nb_, nb_))
+        res = self.alloc_layout(out, src.rows, src.cols, ot.dtype, src.row_cuts, src.col_cuts, src.tiles)
+        ops = [(src.buf, rel, rows, w), (mbuf, mrel, nc * rows, 2)]
+        dtypes = [xt.dtype, "float32"]
+        for p in node.inputs[1:]:
+            if p:
+                ops.append(self.block_operands_rowvec(p, res, out))
+                dtypes.append(self.types[p].dtype)
+        ops.append((res.buf, res.rel.reshape(-1), rows, w))
+        params = [f2i(node.attrs.get("epsilon", 1e-5)), int(len(ops) == 5), nc, src.cols]
+        self.compute([self.group("layernorm_apply", tuple(dtypes) + (ot.dtype,), tl, params, ops)],
+                     f"LayerNorm {out}")
+        self.set_output(out, res)
+        self.strategies[node.name or out] = f"LayerNorm on {nr} x {nc} blocks in place"
+        return True
 
     def block_operands_rowvec(self, value: str, lay: Layout, tag: str) -> tuple:
         """A [1, cols] constant (LayerNorm scale/bias) resident on every tile of a row layout."""
@@ -433,6 +503,9 @@ class Lowerer(AttentionLowering, LoweringState):
         even = ncol if np.array_equal(src.col_cuts, even_cuts(k, ncol)) else 0  # K cuts a matmul with pk = ncol makes
         shape = SourceShape(int(np.diff(src.row_cuts).max()), int(np.diff(src.col_cuts).min()), out_rows, self.n_linear,
                             even)
+        # K cut at the operand's own column blocks (attention heads, a LayerNorm kept in place): each tile's K slice
+        # is then whole source blocks, contiguous on both sides, and its exchange code does not grow with the rows.
+        pk_fix = self.head_parts.get(self._through_elementwise(x), 0) or (even if 1 < even <= self.T else 0)
         nxt = self._next_matmul(out)
         if node.name in self.paired:  # the second of a pair: its K parts are the first's column blocks
             st = self.paired.pop(node.name)
@@ -440,13 +513,13 @@ class Lowerer(AttentionLowering, LoweringState):
             n2 = self.types[nxt.inputs[1]].shape[1]
             st, self.paired[nxt.name] = choose_linear_pair(
                 self.chip, m, k, n, n2, xt.dtype, self.types[nxt.inputs[0]].dtype, self.pm_max, self.temp_fraction,
-                shape, self.perm_fraction)
+                shape, self.perm_fraction, pk_fix, self._panel_parts(nxt.outputs[0]))
         else:
-            # Heads cut at head boundaries: attention's head views then read and write whole blocks (contiguous on
-            # both sides, so their exchange code does not grow with the rows).
+            # Output columns cut at head boundaries when attention reads them per head (its head views), or in the
+            # residual stream's panels.
+            pn_fix = self.head_parts.get(out, 0) or self._panel_parts(out)
             st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape,
-                               self.perm_fraction, pn_fix=self.head_parts.get(out, 0),
-                               pk_fix=self.head_parts.get(self._through_elementwise(x), 0))
+                               self.perm_fraction, pn_fix=pn_fix, pk_fix=pk_fix)
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         # tile of (i, j, l) at index (i * pn + j) * pk + l
@@ -493,6 +566,22 @@ class Lowerer(AttentionLowering, LoweringState):
             self.exchange(make_transfers(tl[src_i[far]], hbuf, srel, 1, nb_, nb_, tl[far], sbuf, 0, nb_))
             buf[far] = sbuf
         return buf, rel
+
+    def _panel_parts(self, value: str) -> int:
+        """Column parts for a matmul output that a residual Add reads, under a memory budget (0: free choice).
+
+        Then the residual stream, the LayerNorms kept in place on it and every matmul around it share one cut of the
+        model width into PANEL_PARTS column blocks: the Adds' re-layouts and the matmuls' K-slice gathers move
+        whole blocks, and the exchange code stops growing with the rows (SigLIP so400m at batch 4: the LayerNorms'
+        and residual Adds' re-layouts were 33 KB of code a tile)."""
+        if self.perm_fraction is None:
+            return 0
+        users = self.consumers.get(value, [])
+        return PANEL_PARTS if any(c.op in ("Add", "Sub") and len([i for i in c.inputs if i]) == 2 for c in users) else 0
+
+    @staticmethod
+    def _is_panels(lay: Layout) -> bool:
+        return len(lay.col_cuts) - 1 == PANEL_PARTS and np.array_equal(lay.col_cuts, even_cuts(lay.cols, PANEL_PARTS))
 
     def _through_elementwise(self, value: str) -> str:
         """The value that `value` is a chain of one-input element-wise ops of (itself when it is not)."""

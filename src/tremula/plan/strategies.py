@@ -118,6 +118,8 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     Cached on its arguments: identical layers (same shapes) are planned once.
     """
     tiles, sram = chip.tiles, chip.sram_bytes_per_tile
+    if pn_fix * pk_fix > tiles:  # both fixed but not on one chip: keep the K cut (it decides the gathers' shape)
+        pn_fix = 0
     isz = np.dtype(dtype).itemsize
     osz = 2 if dtype == "uint8" else isz  # FP8 codes in, half out
     psz = 2 if dtype == "uint8" else 4  # split-K partials: the FP8 AMP's are half, the others float32
@@ -174,20 +176,23 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
 @lru_cache(maxsize=1024)
 def choose_linear_pair(chip, m: int, k: int, n: int, n2: int, dtype: str, dtype2: str, pm_max: int,
                        temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
-                       perm_fraction: float | None = None) -> tuple[LinearStrategy, LinearStrategy]:
+                       perm_fraction: float | None = None, pk_fix: int = 0,
+                       pn2_fix: int = 0) -> tuple[LinearStrategy, LinearStrategy]:
     """Strategies for x[m, k] @ W1[k, n] followed (through element-wise ops) by h[m, n] @ W2[n, n2], such that the
     second's K parts are exactly the first's output-column blocks: every tile of the second then gathers whole
     source blocks, contiguous on both sides, and its exchange code does not grow with the rows (mismatched cuts
     cost one instruction per row and block on both sides: SigLIP so400m's fc2 took 140 of its 190 KB of exchange
     code per tile at batch 1). Minimises the two ops' cycles, over the first's column splits that the second can
-    use as K splits."""
+    use as K splits. pk_fix: the first's K parts, pn2_fix: the second's output-column parts, when fixed."""
     best: tuple | None = None
-    for pn in _candidates(n, chip.tiles):
-        first = choose_linear(chip, m, k, n, dtype, pm_max, temp_fraction, src, perm_fraction, pn_fix=pn)
+    for pn in _candidates(n, chip.tiles // max(pk_fix, 1)):
+        first = choose_linear(chip, m, k, n, dtype, pm_max, temp_fraction, src, perm_fraction, pn_fix=pn,
+                              pk_fix=pk_fix)
         src2 = None if src is None else SourceShape(cdiv(m, first.pm), cdiv(n, pn), src.out_rows, src.n_linear, pn)
-        second = choose_linear(chip, m, n, n2, dtype2, pm_max, temp_fraction, src2, perm_fraction, pk_fix=pn)
-        if second.pk != pn:  # no tile count admits pk = pn
+        if pn * max(pn2_fix, 1) > chip.tiles:
             continue
+        second = choose_linear(chip, m, n, n2, dtype2, pm_max, temp_fraction, src2, perm_fraction, pn_fix=pn2_fix,
+                               pk_fix=pn)
         key = (first.over + second.over, first.cycles + second.cycles, pn)
         if best is None or key < best[0]:
             best = (key, (first, second))

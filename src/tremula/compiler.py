@@ -200,9 +200,16 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         plan = (state, mp, live, reserved)
         if best is None or mp.peak_bytes < best[0]:
             best = (mp.peak_bytes, i)
-        # Budgets shrink only buffers, vertex state and exchange code: when the rest alone overflows, stop.
-        fixed = mp.peak_bytes - sum(mp.by_category.get(c, 0) for c in ("buffers", "vertex_state", "exchange_code"))
-        if mp.fits or fixed > chip.sram_bytes_per_tile:
+        # Budgets shrink only buffers, vertex state and exchange code: when the rest alone overflows, stop. A tighter
+        # temporary budget shrinks buffers by cutting ops into more rounds, each with its own vertex state and exchange
+        # code: it cannot help when the buffers are less than the overflow, nor when those per-round bytes already
+        # outweigh the buffers (SigLIP so400m at batch 6 and 8: such plans took over 18 GB to lower and were larger).
+        cat = mp.by_category
+        fixed = mp.peak_bytes - sum(cat.get(c, 0) for c in ("buffers", "vertex_state", "exchange_code"))
+        tighter = i + 1 < len(PLAN_BUDGETS) and PLAN_BUDGETS[i + 1][0] < frac
+        futile = cat.get("buffers", 0) < max(mp.peak_bytes - chip.sram_bytes_per_tile,
+                                             cat.get("vertex_state", 0) + cat.get("exchange_code", 0))
+        if mp.fits or fixed > chip.sram_bytes_per_tile or (tighter and futile):
             break
     assert best is not None and plan is not None
     if best[1] != i:

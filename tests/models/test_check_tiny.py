@@ -116,3 +116,17 @@ def test_memory_budget_plans(monkeypatch, model, dtype):
     assert any("in place" in s for s in strategies)
     assert any(s.startswith("linear") and f" pn={PANEL_PARTS} " in s for s in strategies)
     assert res.passed, res.outputs
+
+
+def test_elementwise_vertices_merge_back_to_back_blocks(monkeypatch):
+    """A tight temporary budget cuts matmuls into rounds whose output row slices sit back to back on a tile; the
+    element-wise ops after them run one vertex per run of such blocks, and the answer is the reference's."""
+    from tremula import compiler
+
+    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.01, None),))
+    res = check_model("bert-tiny", "examples/chips/tiny16.toml", 8, "fp16")
+    out_shapes = [g.shapes[:, -1] for s in res.compile.program.steps for g in s.compute
+                  if g.codelet in ("unary", "binary")]
+    merged = [o for o in out_shapes if ((o[:, 0] == 1) & (o[:, 1] > 40)).any()]
+    assert merged
+    assert res.passed, res.outputs

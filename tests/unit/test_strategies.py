@@ -34,3 +34,20 @@ def test_weight_blocks_within_their_cap(c600):
     st = choose_linear(c600, 729, 4304, 1152, "uint8", 1)
     assert 4304 * 1152 // (st.pn * st.pk) <= WEIGHT_BLOCK_FRACTION * c600.sram_bytes_per_tile
     assert st.over == 0
+
+
+def test_merge_runs_joins_only_back_to_back_blocks():
+    import numpy as np
+
+    from tremula.plan.lower_ops import _merge_runs
+
+    tl = np.array([0, 0, 1, 0])
+    rows, cols = np.array([2, 2, 2, 2]), np.array([4, 4, 4, 4])
+    x = (7, np.array([0, 16, 0, 48]), rows, cols)  # float16: blocks of 16 bytes; the last one is not adjacent
+    out = (9, np.array([0, 16, 0, 32]), rows, cols)
+    t2, ops = _merge_runs(tl, [x, out], ("float16", "float16"))
+    assert sorted(zip(t2.tolist(), ops[1][3].tolist())) == [(0, 8), (0, 16), (1, 8)]
+    assert all((o[2] == 1).all() for o in ops)
+    bias = (5, np.zeros(4, np.int64), np.ones(4, np.int64), cols)  # broadcast within a block: no merge
+    t3, _ = _merge_runs(tl, [x, bias, out], ("float16", "float16", "float16"))
+    assert len(t3) == 4

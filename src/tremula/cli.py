@@ -169,6 +169,20 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
     return rows
 
 
+def _mfu(res, chip, model: str, seq_len) -> float:
+    """Model FLOPs utilisation as the profile defines it (FLOPs of the canonical graph at this batch / latency /
+    the dtype's peak), without building the profile."""
+    from tremula.compiler import canonical
+    from tremula.frontends import load_model
+    from tremula.model_info import describe
+
+    seconds = res.cycles / chip.clock_hz
+    if not seconds:
+        return 0.0
+    flops = describe(canonical(load_model(model, batch=res.batch, seq_len=seq_len))).flops
+    return flops / seconds / chip.peak_flops(res.dtype)
+
+
 # Parameters that compile and check share (typer reads these default objects; each command gets its own value).
 MODEL_ARG = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name.")
 CHIP_OPT = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file.")
@@ -254,10 +268,11 @@ def compile_cmd(
                 out.print(f"  [bold]warning[/bold]: with the timetables' exchange code tile "
                           f"{profile.exchange_code.peak_tile} would need {profile.exchange_code.peak_tile_bytes:,} of "
                           f"{c.sram_bytes_per_tile:,} bytes: this plan does not fit", soft_wrap=True)
+    mfu = profile.summary.mfu if profile is not None else _mfu(res, c, model, seq_len)
+    out.print(f"  MFU               {100 * mfu:.1f} % of the {res.dtype} peak", soft_wrap=True)
     if profile is not None:
         from tremula.report import explain
 
-        out.print(f"  MFU               {100 * profile.summary.mfu:.1f} % of the {res.dtype} peak", soft_wrap=True)
         for line in explain(profile, c)[:3]:
             out.print(f"  why: {line}", soft_wrap=True)
     for label, path in (("program", output), ("report", report), ("trace", trace)):

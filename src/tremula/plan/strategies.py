@@ -135,7 +135,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
             wbytes = k * n * isz // (pn * pk)
             rep = max(1, min(m, tiles // (pn * pk), pm_max))
             full = max(1, min(m, tiles // (pn * pk)))
-            for pm, stream in {(rep, False), (full, full > rep)}:
+            for pm, stream in [(rep, False)] + ([(full, True)] if full > rep else []):
                 mi = cdiv(m, pm)
                 s0 = max(1, min(mi, cdiv(mi * kl * isz, int(temp_budget))))
                 # More rounds than the operand block needs shrink the partials; the permanent bytes grow with them.

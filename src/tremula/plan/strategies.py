@@ -161,8 +161,10 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                     over += max(0, wbytes - WEIGHT_BLOCK_FRACTION * sram)
                     if src is not None and perm_fraction is not None:
                         # The permanent budget is shared by the matmuls that land on a tile: fewer when this one uses
-                        # fewer tiles (weights rotate over all tiles).
-                        used = pm * pn * pk
+                        # fewer tiles (weights rotate over all tiles), but at most half as many: a matmul on few tiles
+                        # is not free (SigLIP so400m at batch 2 put fc2 on 192 tiles in 12 rounds, 6x the cycles of
+                        # 7 row groups, to fit the budget share it had inflated that way).
+                        used = max(pm * pn * pk, tiles // 2)
                         share = max(1.0, src.n_linear * used / tiles)
                         perm = permanent_bytes(chip, src, rows, serial, kl, pk, pn)
                         over += max(0, perm - perm_fraction * sram / share)

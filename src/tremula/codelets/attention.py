@@ -4,9 +4,9 @@ softmax(q @ k^T * scale + mask) @ v with max-subtraction and float32 accumulatio
 row i iff j <= i + Sk - Sq (the reference's tril offset).
 
 When a head's K and V are too big for one tile, the keys are split over tiles: `attention_partial` computes, for its
-block of keys, the unnormalised p @ v with its own row max and row sum, and `attention_combine` rescales the blocks'
-results to their common max and divides by the total sum (the same algebra as a one-pass softmax, exact up to
-rounding).
+block of keys, the unnormalised p @ v (kept in the attention's dtype) with its own row max and row sum (float32), and
+`attention_combine` rescales the blocks' results to their common max and divides by the total sum (the same algebra as
+a one-pass softmax, exact up to rounding).
 """
 
 from __future__ import annotations
@@ -53,28 +53,30 @@ register("attention", _attention, (-1,), _attention_cycles)
 
 def _attention_partial(ops, params) -> None:
     # params: (has_mask, causal, q_start, sq, sk, scale bits, k_start). operands: q [r,d], k [kb,d], v [kb,dv],
-    # (mask [1|r, kb]), out [r, dv + 2] float32: p @ v unnormalised, then the row max and the row sum of p.
+    # (mask [1|r, kb]), pv [r, dv] (the attention's dtype): p @ v unnormalised, stats [r, 2] float32: the row max and
+    # the row sum of p. p <= 1, so p @ v is bounded by kb x max |v| and stores in the values' own precision.
     has_mask, causal, q_start, sq, sk, scale_bits, k_start = params
-    q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
+    q, k, v, pv, stats = ops[0], ops[1], ops[2], ops[-2], ops[-1]
     s, acc = _scores(q, k, ops[3] if has_mask else None, causal, q_start, sq, k_start, sk, i2f(scale_bits))
     top = np.max(s, axis=-1, keepdims=True)
     finite = np.isfinite(top)
     p = np.exp(s - np.where(finite, top, acc(0)))  # a block with every key masked contributes p = 0
-    dv = v.shape[-1]
-    out[..., :dv] = np.matmul(p, v.astype(acc))
-    out[..., dv: dv + 1] = np.where(finite, top, -np.inf)
-    out[..., dv + 1: dv + 2] = np.sum(p, axis=-1, keepdims=True)
+    pv[...] = np.matmul(p, v.astype(acc)).astype(pv.dtype)
+    stats[..., 0:1] = np.where(finite, top, -np.inf)
+    stats[..., 1:2] = np.sum(p, axis=-1, keepdims=True)
 
 
 def _attention_combine(ops, params) -> None:
-    # params: (blocks,). operands: `blocks` partials [r, dv + 2] float32 (attention_partial's), out [r, dv]
-    parts = np.stack([o.astype(np.float32) for o in ops[:-1]])
-    dv = ops[-1].shape[-1]
-    m = parts[..., dv: dv + 1]
+    # params: (blocks,). operands: `blocks` p @ v partials [r, dv], then `blocks` stats [r, 2] (attention_partial's),
+    # out [r, dv]; combined in float32
+    nb = int(params[0])
+    pv = np.stack([o.astype(np.float32) for o in ops[:nb]])
+    st = np.stack([o.astype(np.float32) for o in ops[nb: 2 * nb]])
+    m = st[..., 0:1]
     top = np.max(m, axis=0)
     w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
-    num = np.sum(w * parts[..., :dv], axis=0)
-    den = np.sum(w * parts[..., dv + 1: dv + 2], axis=0)
+    num = np.sum(w * pv, axis=0)
+    den = np.sum(w * st[..., 1:2], axis=0)
     ops[-1][...] = (num / den).astype(ops[-1].dtype)
 
 
@@ -88,5 +90,5 @@ def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
     return nb * per_block + cost_terms.vector_cycles(chip, "divide", r * dv, "float32")
 
 
-register("attention_partial", _attention_partial, (-1,), _attention_cycles)
+register("attention_partial", _attention_partial, (-2, -1), _attention_cycles)
 register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles)

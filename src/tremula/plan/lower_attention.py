@@ -200,9 +200,10 @@ class AttentionLowering:
         than tiles they run in rounds of whole (head, query block) groups, reusing the buffers."""
         q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
         isz = np.dtype(qt.dtype).itemsize
-        pw = (dv + 2) * 4  # a partial row: p @ v, then the row max and the row sum (float32)
+        osz = np.dtype(ot.dtype).itemsize
+        pw = dv * osz + 8  # a partial row: p @ v in the attention's dtype, and the row max and row sum (float32)
         budget = BUFFER_FRACTION * self.temp_fraction / TEMP_FRACTION * self.chip.sram_bytes_per_tile
-        per_q = d * isz + nk * pw + dv * np.dtype(ot.dtype).itemsize  # q, own + received partials, output
+        per_q = d * isz + nk * pw + dv * osz  # q, own + received partials, output
         kv = cdiv(sk, nk) * (d + dv) * isz
         nq_mem = cdiv(sq * per_q, max(int(budget - kv), per_q))
         nq = max(1, min(sq, max(self.T // (bh * nk), nq_mem)))
@@ -224,9 +225,11 @@ class AttentionLowering:
         qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
         kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, maxk * d * isz)
         vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, maxk * dv * isz)
-        pbuf = self.new_buffer(f"{out}@partial", "buffers", used, maxq * pw)
+        # each unit's p @ v then its stats; the key-block-0 tile receives the others' in slots j - 1 of the same shape
+        pvb, stb = cdiv(maxq * dv * osz, 8) * 8, maxq * 8
+        pbuf = self.new_buffer(f"{out}@partial", "buffers", used, pvb + stb)
         own = j_ == 0
-        rbuf = self.new_buffer(f"{out}@recv", "buffers", np.unique(tl[own]), (nk - 1) * maxq * pw)
+        rbuf = self.new_buffer(f"{out}@recv", "buffers", np.unique(tl[own]), (nk - 1) * (pvb + stb))
         o_idx = np.flatnonzero(own)
         lay, orel, value = self._attention_output(out, ot.dtype, b_[o_idx], i_[o_idx], qcuts, tl[o_idx])
         if mask is not None:
@@ -248,8 +251,8 @@ class AttentionLowering:
                 ops.append((mbuf, 0, 1 if same else nrows[us], nkeys[us]))
                 dtypes.append(self.types[mask].dtype)
             self.exchange(SymTransfers.concat(parts))
-            ops.append((pbuf, 0, nrows[us], dv + 2))
-            dtypes.append("float32")
+            ops += [(pbuf, 0, nrows[us], dv), (pbuf, pvb, nrows[us], 2)]
+            dtypes += [ot.dtype, "float32"]
             n = len(us)
             params = np.stack([np.full(n, int(mask is not None)), np.full(n, causal), q_0, np.full(n, sq),
                                np.full(n, sk), np.full(n, scale), k_0], axis=1)
@@ -259,15 +262,19 @@ class AttentionLowering:
             # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.
             snd = us[~own[us]]
             owner = snd - j_[snd]
-            nb_ = nrows[snd] * pw
-            self.exchange(make_transfers(tl[snd], pbuf, 0, 1, nb_, nb_, tl[owner], rbuf, (j_[snd] - 1) * maxq * pw,
-                                         nb_))
+            slot = (j_[snd] - 1) * (pvb + stb)
+            pv_n, st_n = nrows[snd] * dv * osz, nrows[snd] * 8
+            self.exchange(SymTransfers.concat([
+                make_transfers(tl[snd], pbuf, 0, 1, pv_n, pv_n, tl[owner], rbuf, slot, pv_n),
+                make_transfers(tl[snd], pbuf, pvb, 1, st_n, st_n, tl[owner], rbuf, slot + pvb, st_n)]))
             oi = us[own[us]]
             ob = np.searchsorted(o_idx, oi)  # their blocks of the output layout
-            cops = [(pbuf, 0, nrows[oi], dv + 2)] + [(rbuf, j * maxq * pw, nrows[oi], dv + 2) for j in range(nk - 1)]
-            cops.append((lay.buf, orel[ob], nrows[oi], dv))
-            self.compute([self.group("attention_combine", ("float32",) * nk + (ot.dtype,), tl[oi], [nk], cops)],
-                         f"Attention {out} combine{tag}")
+            r_ = nrows[oi]
+            cops = ([(pbuf, 0, r_, dv)] + [(rbuf, j * (pvb + stb), r_, dv) for j in range(nk - 1)]
+                    + [(pbuf, pvb, r_, 2)] + [(rbuf, j * (pvb + stb) + pvb, r_, 2) for j in range(nk - 1)])
+            cops.append((lay.buf, orel[ob], r_, dv))
+            dts = (ot.dtype,) * nk + ("float32",) * nk + (ot.dtype,)
+            self.compute([self.group("attention_combine", dts, tl[oi], [nk], cops)], f"Attention {out} combine{tag}")
         self.set_output(value, lay)
         self.strategies[node.name or out] = (f"attention, {bh} heads x {nq} query blocks x {nk} key blocks over "
                                              f"{len(used)} tiles" + (f" in {rounds} rounds" if rounds > 1 else ""))

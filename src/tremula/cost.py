@@ -184,8 +184,13 @@ def layernorm_apply_cycles(chip: Chip, rows: int, width: int, parts: int, dtype:
     n = _count("rows", rows) * _count("width", width)
     if n == 0:
         return 0
-    return (vector_cycles(chip, "mul", 6 * rows * parts, "fp32") + vector_cycles(chip, "add", rows, "fp32")
-            + vector_cycles(chip, "rsqrt", rows, "fp32") + vector_cycles(chip, "sub", n, dtype)
+    return (vector_cycles(chip, "mul", 6 * rows * parts, "fp32") + vector_cycles(chip, "sub", n, dtype)
+            + _layernorm_scale_cycles(chip, rows, n, dtype))
+
+
+def _layernorm_scale_cycles(chip: Chip, rows: int, n: int, dtype: str) -> int:
+    """The end of a LayerNorm over n elements in `rows` rows: rsqrt(var + eps) per row, normalise, gamma, beta."""
+    return (vector_cycles(chip, "add", rows, "fp32") + vector_cycles(chip, "rsqrt", rows, "fp32")
             + vector_cycles(chip, "mul", n, dtype) + vector_cycles(chip, "mul", n, dtype)
             + vector_cycles(chip, "add", n, dtype))
 
@@ -195,17 +200,8 @@ def layernorm_cycles(chip: Chip, rows: int, row_len: int, dtype: str) -> int:
     n = _count("rows", rows) * _count("row_len", row_len)
     if n == 0:
         return 0
-    return (
-        reduce_cycles(chip, rows, row_len, "fp32")  # mean (float accumulation)
-        + vector_cycles(chip, "sub", n, dtype)
-        + vector_cycles(chip, "mul", n, dtype)  # square
-        + reduce_cycles(chip, rows, row_len, "fp32")  # variance
-        + vector_cycles(chip, "add", rows, "fp32")  # + eps
-        + vector_cycles(chip, "rsqrt", rows, "fp32")
-        + vector_cycles(chip, "mul", n, dtype)  # normalise
-        + vector_cycles(chip, "mul", n, dtype)  # gamma
-        + vector_cycles(chip, "add", n, dtype)  # beta
-    )
+    # mean, centre, square, variance (the moments of the whole row), then the scale
+    return layernorm_moments_cycles(chip, rows, row_len, dtype) + _layernorm_scale_cycles(chip, rows, n, dtype)
 
 
 def gelu_cycles(chip: Chip, n_elems: int, dtype: str) -> int:

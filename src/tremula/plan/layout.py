@@ -47,6 +47,12 @@ class Layout:
         """Whole rows per block (one column block)."""
         return len(self.col_cuts) == 2
 
+    @property
+    def even_col_parts(self) -> int:
+        """The number of column blocks when they are even_cuts(cols, n) (what a matmul with n K parts cuts), else 0."""
+        n = len(self.col_cuts) - 1
+        return n if np.array_equal(self.col_cuts, even_cuts(self.cols, n)) else 0
+
     def block_shape(self, i: int, j: int) -> tuple[int, int]:
         return int(self.row_cuts[i + 1] - self.row_cuts[i]), int(self.col_cuts[j + 1] - self.col_cuts[j])
 

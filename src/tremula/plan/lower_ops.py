@@ -19,7 +19,7 @@ from tremula.plan.lower_attention import AttentionLowering, head_views
 from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, reshape_free, view2d
 from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
 from tremula.plan import cost_terms
-from tremula.plan.state import ROW_PARTS_PER_SQRT_TILES, LoweringState, SymConst, SymStream
+from tremula.plan.state import LoweringState, SymConst, SymStream
 from tremula.plan.strategies import (
     ROW_BLOCK_FRACTION,
     TEMP_FRACTION,
@@ -368,7 +368,7 @@ class Lowerer(AttentionLowering, LoweringState):
         per row and block on both sides, which grows with the batch (SigLIP so400m at batch 8: 28 KB a tile for its
         54 LayerNorms). False (nothing done) when the columns are not even cuts or the moments would not fit."""
         nr, nc = len(src.row_cuts) - 1, len(src.col_cuts) - 1
-        if nc == 1 or not np.array_equal(src.col_cuts, even_cuts(src.cols, nc)):
+        if nc == 1 or not src.even_col_parts:
             return False
         tl, rel, r0, r1, c0, c1 = blocks(src)
         rows, w = r1 - r0, c1 - c0
@@ -381,8 +381,7 @@ class Lowerer(AttentionLowering, LoweringState):
         # (on small models the extra step's sync outweighs the re-layout it saves).
         if self.perm_fraction is None:
             chip, isz = self.chip, src.itemsize
-            parts = max(self.T ** 0.5 * ROW_PARTS_PER_SQRT_TILES, src.rows * src.cols * isz / self.row_block_bytes)
-            per = cdiv(src.rows, int(min(parts, self.T, src.rows)))
+            per = cdiv(src.rows, self.row_parts(src.rows, src.cols, src.dtype))  # rows per tile of as_rows' layout
             as_rows = (cost_terms.exchange_cycles(chip, int((rows * w).max()) * isz, per * src.cols * isz)
                        + cost_terms.sync_cycles(chip) + cost_terms.layernorm_cycles(chip, per, src.cols, xt.dtype))
             rm, wm = int(rows.max()), int(w.max())
@@ -499,10 +498,8 @@ class Lowerer(AttentionLowering, LoweringState):
         n = wt.shape[1]
         src = self.layout_of(x)
         # Column-block outputs suit only consumers that keep the layout (a unary op) or read K-slices (a matmul).
-        out_rows = not all(c.op in MATMULS or (c.op in ELEMENTWISE and sum(map(bool, c.inputs)) == 1)
-                           for c in self.consumers.get(out, []))
-        ncol = len(src.col_cuts) - 1
-        even = ncol if np.array_equal(src.col_cuts, even_cuts(k, ncol)) else 0  # K cuts a matmul with pk = ncol makes
+        out_rows = not all(c.op in MATMULS or _unary(c) for c in self.consumers.get(out, []))
+        even = src.even_col_parts  # n when the K cuts a matmul with pk = n makes are the operand's column blocks
         shape = SourceShape(int(np.diff(src.row_cuts).max()), int(np.diff(src.col_cuts).min()), out_rows, self.n_linear,
                             even)
         # K cut at the operand's own column blocks (attention heads, a LayerNorm kept in place): each tile's K slice
@@ -583,13 +580,13 @@ class Lowerer(AttentionLowering, LoweringState):
 
     @staticmethod
     def _is_panels(lay: Layout) -> bool:
-        return len(lay.col_cuts) - 1 == PANEL_PARTS and np.array_equal(lay.col_cuts, even_cuts(lay.cols, PANEL_PARTS))
+        return lay.even_col_parts == PANEL_PARTS
 
     def _through_elementwise(self, value: str) -> str:
         """The value that `value` is a chain of one-input element-wise ops of (itself when it is not)."""
         while True:
             p = self.producers.get(value)
-            if p is None or p.op not in ELEMENTWISE or sum(map(bool, p.inputs)) != 1:
+            if p is None or not _unary(p):
                 return value
             value = p.inputs[0]
 
@@ -605,7 +602,7 @@ class Lowerer(AttentionLowering, LoweringState):
                 w = c.inputs[1]
                 ok = c.inputs[0] == value and w in self.graph.constants and len(self.types[w].shape) == 2
                 return c if ok and c.name else None
-            if c.op not in ELEMENTWISE or sum(map(bool, c.inputs)) != 1:
+            if not _unary(c):
                 return None
             value = c.outputs[0]
 
@@ -782,6 +779,11 @@ class Lowerer(AttentionLowering, LoweringState):
             return free
         return self._move_elems(f"{value}@mat", [lay], np.arange(lay.rows * lay.cols, dtype=I64),
                                 lay.rows * lay.cols // cols, cols, lay.dtype)
+
+
+def _unary(node) -> bool:
+    """A one-input element-wise op: it keeps its input's layout block for block."""
+    return node.op in ELEMENTWISE and sum(map(bool, node.inputs)) == 1
 
 
 def _merge_runs(tl: np.ndarray, ops: list[tuple], dtypes: tuple[str, ...]) -> tuple[np.ndarray, list[tuple]]:

@@ -111,6 +111,13 @@ class LoweringState:
         buf = self.new_buffer(name, category, list(used.keys()), list(used.values()))
         return Layout(rows, cols, dtype, row_cuts, col_cuts, tiles_grid, rel, buf)
 
+    def row_parts(self, rows: int, cols: int, dtype: str) -> int:
+        """How many row blocks row_layout makes by default."""
+        parts = ROW_PARTS_PER_SQRT_TILES * int(np.ceil(np.sqrt(self.T)))
+        if self.row_block_bytes:  # big activations: more parts, so no tile holds a large share of one value
+            parts = max(parts, -(-rows * cols * np.dtype(dtype).itemsize // self.row_block_bytes))
+        return min(parts, self.T, max(rows, 1))
+
     def row_layout(self, name: str, rows: int, cols: int, dtype: str, parts: int | None = None,
                    category: str = "activations", first_tile: int | None = None) -> Layout:
         """Whole rows per tile, rows split evenly over `parts` tiles (default: ROW_PARTS_PER_SQRT_TILES * sqrt(T)).
@@ -119,11 +126,7 @@ class LoweringState:
         receives one transfer per row block; sqrt(T)-many row blocks balance that exchange (and its code) against
         the parallelism of the row ops themselves.
         """
-        if parts is None:
-            parts = ROW_PARTS_PER_SQRT_TILES * int(np.ceil(np.sqrt(self.T)))
-            if self.row_block_bytes:  # big activations: more parts, so no tile holds a large share of one value
-                parts = max(parts, -(-rows * cols * np.dtype(dtype).itemsize // self.row_block_bytes))
-        parts = min(parts, self.T, max(rows, 1))
+        parts = self.row_parts(rows, cols, dtype) if parts is None else min(parts, self.T, max(rows, 1))
         if category == "weights":  # a constant's home: where the fewest weights are
             first_tile = int(self.least_loaded(parts)[0])
         elif first_tile is None:  # rotate, so consecutive values (and their exchanges) land on different tiles

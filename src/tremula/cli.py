@@ -159,7 +159,8 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
                          f"{human_bytes(chip.sram_bytes_per_tile)} "
                          f"({100 * res.peak_tile_bytes / chip.sram_bytes_per_tile:.1f} %) at step {res.peak_step}"),
         ("  by category", ", ".join(f"{k} {human_bytes(v)}" for k, v in mem.items() if v)),
-        ("steps", str(res.steps)),
+        ("steps", str(res.steps) + (f" ({res.shared_layers} layers run a template layer's code)"
+                                    if res.shared_layers else "")),
         ("cycles / forward", f"{res.cycles:,} (compute {res.compute_cycles:,}, exchange {res.exchange_cycles:,}, "
                              f"sync {res.sync_cycles:,})"),
         ("latency", f"{seconds * 1e3:.3f} ms per batch"),

@@ -18,6 +18,7 @@ from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, Graph, Node
 from tremula.ir.interp import infer_types, run
 from tremula.plan.finalize import memory_plan, step_cycles, to_program
+from tremula.plan.layers import layer_key
 from tremula.plan.lower_ops import Lowerer
 from tremula.program import Program
 
@@ -27,9 +28,12 @@ DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16":
 CALIBRATION_SEED = 1  # seeded calibration inputs differ from check's inputs (seed 0): scales are not fit to the test
 MAX_AUTO_BATCH = 4096
 # Planner budgets tried in turn until a plan fits: (operand block, permanent bytes of the matmuls), as fractions of a
-# tile's SRAM (see plan/strategies.py). The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets
-# trade cycles for memory.
-PLAN_BUDGETS = ((0.12, None), (0.12, 0.4), (0.12, 0.3), (0.12, 0.2), (0.04, 0.2))
+# tile's SRAM (see plan/strategies.py), and whether identical layers share one copy of their code (plan/share.py).
+# The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets trade cycles for memory. Shared layers
+# come last: they stream every layer's weights to all its tiles (more exchange), but hold one layer's vertex state and
+# exchange code instead of one per layer.
+PLAN_BUDGETS = ((0.12, None, False), (0.12, 0.4, False), (0.12, 0.3, False), (0.12, 0.2, False), (0.04, 0.2, False),
+                (0.12, None, True), (0.12, 0.4, True), (0.04, 0.2, True))
 
 
 class DoesNotFit(TremulaError):
@@ -73,6 +77,7 @@ class CompileResult:
     exchange_cycles: int
     sync_cycles: int
     strategies: dict[str, str] = field(default_factory=dict)
+    shared_layers: int = 0  # layers that run a template layer's code (plan/share.py)
     seconds: float = 0.0  # wall time of the compile (not stored in the Program, which must be deterministic)
     graph: Graph | None = field(default=None, repr=False)  # the graph as planned (after the precision passes)
 
@@ -81,7 +86,7 @@ class CompileResult:
                 "peak_tile_bytes": self.peak_tile_bytes, "peak_step": self.peak_step,
                 "memory_by_category": self.memory_by_category, "steps": self.steps, "cycles": self.cycles,
                 "compute_cycles": self.compute_cycles, "exchange_cycles": self.exchange_cycles,
-                "sync_cycles": self.sync_cycles}
+                "sync_cycles": self.sync_cycles, "shared_layers": self.shared_layers}
 
 
 # ------------------------------------------------------------------------------------------------ graph preparation
@@ -193,9 +198,13 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     # the lowest peak. Only one lowering is alive at a time (a base model's is gigabytes at large batches): when the
     # lowest peak was not the last one tried, it is lowered again.
     best: tuple | None = None  # (peak bytes, budget index)
-    for i, (frac, perm) in enumerate(PLAN_BUDGETS):
+    futile: dict[bool, float] = {}  # share mode -> the budget below which its tighter budgets cannot help
+    layered = len({layer_key(n.name) for n in g.nodes} - {None}) > 1  # identical layers to share, maybe
+    for i, (frac, perm, share) in enumerate(PLAN_BUDGETS):
+        if frac < futile.get(share, 0.0) or (share and not layered):
+            continue
         plan = state = live = None  # drop the previous lowering before making the next
-        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm).lower()
+        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share).lower()
         mp, live, reserved = memory_plan(state, chip)
         plan = (state, mp, live, reserved)
         if best is None or mp.peak_bytes < best[0]:
@@ -206,16 +215,16 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         # outweigh the buffers (SigLIP so400m at batch 6 and 8: such plans took over 18 GB to lower and were larger).
         cat = mp.by_category
         fixed = mp.peak_bytes - sum(cat.get(c, 0) for c in ("buffers", "vertex_state", "exchange_code"))
-        tighter = i + 1 < len(PLAN_BUDGETS) and PLAN_BUDGETS[i + 1][0] < frac
-        futile = cat.get("buffers", 0) < max(mp.peak_bytes - chip.sram_bytes_per_tile,
-                                             cat.get("vertex_state", 0) + cat.get("exchange_code", 0))
-        if mp.fits or fixed > chip.sram_bytes_per_tile or (tighter and futile):
+        if mp.fits or fixed > chip.sram_bytes_per_tile:
             break
+        if cat.get("buffers", 0) < max(mp.peak_bytes - chip.sram_bytes_per_tile,
+                                       cat.get("vertex_state", 0) + cat.get("exchange_code", 0)):
+            futile[share] = frac
     assert best is not None and plan is not None
     if best[1] != i:
         plan = state = live = None
-        frac, perm = PLAN_BUDGETS[best[1]]
-        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm).lower()
+        frac, perm, share = PLAN_BUDGETS[best[1]]
+        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share).lower()
         plan = (state, *memory_plan(state, chip))
     return (g, *plan)
 
@@ -316,6 +325,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
     res = CompileResult(program, mp.fits, batch, dt, mp.fullest_tile, mp.peak_bytes, mp.peak_time // 2,
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
                         dict(state.strategies), graph=g)
+    res.shared_layers = state.sharing.shared_layers if getattr(state, "sharing", None) is not None else 0
     program.meta = {"summary": res.summary(), "model": graph.name}
     res.seconds = time.perf_counter() - t0
     return res

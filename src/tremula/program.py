@@ -193,6 +193,11 @@ class Program:
     io_types: dict[str, tuple[tuple[int, ...], str]]  # graph input/output name -> (shape, dtype)
     reserved_bytes: np.ndarray  # int64 [tiles] code + vertex state + exchange code (top of each tile's SRAM)
     meta: dict = field(default_factory=dict)  # plan summary: cycles, memory by category, strategies (JSON-able)
+    # reserved_bytes by category (code, vertex_state, exchange_code): what the memory plan counted, which the steps
+    # alone cannot tell when layers share code (plan/share.py)
+    reserved_split: dict = field(default_factory=dict)
+    # steps whose vertex state and exchange code are another step's (a layer running its template layer's code)
+    shared_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def n_vertices(self) -> int:
         return sum(len(g) for s in self.steps for g in s.compute)
@@ -254,6 +259,9 @@ def save_program(program: Program, path: str | Path) -> None:
     for k in _BT_ARRAYS:
         arrays[f"b_{k}"] = np.ascontiguousarray(np.asarray(getattr(program.buffers, k), np.int64))
     arrays["reserved_bytes"] = np.ascontiguousarray(np.asarray(program.reserved_bytes, np.int64))
+    arrays["shared_steps"] = np.ascontiguousarray(np.asarray(program.shared_steps, np.int64))
+    for k, v in program.reserved_split.items():
+        arrays[f"reserved_{k}"] = np.ascontiguousarray(np.asarray(v, np.int64))
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
         for name in sorted(arrays):
             info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
@@ -317,4 +325,7 @@ def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
         consts=[ConstImage(*c) for c in header["consts"]], buffers=bt,
         io_types={k: (tuple(v[0]), v[1]) for k, v in header["io_types"].items()},
         reserved_bytes=arrays["reserved_bytes"], meta=header["meta"],
+        reserved_split={k[len("reserved_"):]: v for k, v in arrays.items() if k.startswith("reserved_")
+                        and k != "reserved_bytes"},
+        shared_steps=arrays.get("shared_steps", np.zeros(0, np.int64)),
     )

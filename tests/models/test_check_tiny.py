@@ -110,7 +110,7 @@ def test_memory_budget_plans(monkeypatch, model, dtype):
     from tremula import compiler
     from tremula.plan.lower_ops import PANEL_PARTS
 
-    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.12, 0.4),))
+    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.12, 0.4, False),))
     res = check_model(model, "c600", 2, dtype)
     strategies = res.compile.strategies.values()
     assert any("in place" in s for s in strategies)
@@ -123,7 +123,7 @@ def test_elementwise_vertices_merge_back_to_back_blocks(monkeypatch):
     element-wise ops after them run one vertex per run of such blocks, and the answer is the reference's."""
     from tremula import compiler
 
-    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.01, None),))
+    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.01, None, False),))
     res = check_model("bert-tiny", "examples/chips/tiny16.toml", 8, "fp16")
     out_shapes = [g.shapes[:, -1] for s in res.compile.program.steps for g in s.compute
                   if g.codelet in ("unary", "binary")]

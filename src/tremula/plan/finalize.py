@@ -12,6 +12,7 @@ from tremula.plan.exchange import SymTransfers
 from tremula.plan.layout import blocks
 from tremula.plan.memory import MemoryPlan, plan_memory
 from tremula.plan.overheads import reserved_bytes
+from tremula.plan.share import check_weight_strides, find_sharing
 from tremula.plan.state import LoweringState
 from tremula.program import BufferTable, ConstImage, HostStream, Program, Step, TransferTable, VertexGroup
 
@@ -56,10 +57,22 @@ def liveness(state: LoweringState) -> Liveness:
 
 
 def memory_plan(state: LoweringState, chip) -> tuple[MemoryPlan, Liveness, dict[str, np.ndarray]]:
+    """The memory plan, with shared layer code where the lowering asked for it and the layers prove identical
+    (state.sharing is set to what was shared, or None)."""
     live = liveness(state)
-    reserved = reserved_bytes(state.T, state.steps, chip)
-    mp = plan_memory([b.category for b in state.bufs], [b.tiles for b in state.bufs], [b.sizes for b in state.bufs],
-                     live.first, live.last, state.T, reserved, chip.sram_bytes_per_tile)
+    sharing = find_sharing(state) if getattr(state, "share_layers", False) else None
+    if sharing is not None and not sharing.shared_layers:
+        sharing = None
+    is_w = np.array([b.category == "weights" for b in state.bufs], bool)
+    while True:
+        reserved = reserved_bytes(state.T, state.steps, chip, sharing, is_w)
+        mp = plan_memory([b.category for b in state.bufs], [b.tiles for b in state.bufs],
+                         [b.sizes for b in state.bufs], live.first, live.last, state.T, reserved,
+                         chip.sram_bytes_per_tile, sharing.runs if sharing is not None else ())
+        if sharing is None or not check_weight_strides(sharing, mp):
+            break
+        sharing = None  # weights not at one distance per tile: the layers cannot share exchange code; plan without
+    state.sharing = sharing
     return mp, live, reserved
 
 
@@ -130,4 +143,15 @@ def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reser
                      np.concatenate([b.sizes for b in bufs]).astype(I64) if bufs else np.zeros(0, I64))
     return Program(chip.name, chip.tiles, chip.sram_bytes_per_tile, dtype, batch, steps,
                    _streams(state.host_in, mp), _streams(state.host_out, mp), consts, bt, io_types,
-                   sum(reserved.values()).astype(I64))
+                   sum(reserved.values()).astype(I64),
+                   reserved_split={k: np.asarray(v, I64) for k, v in reserved.items()}, shared_steps=_shared_steps(state))
+
+
+def _shared_steps(state: LoweringState) -> np.ndarray:
+    """Steps all of whose vertex groups and transfer tables run a template layer's code."""
+    sh = getattr(state, "sharing", None)
+    if sh is None:
+        return np.zeros(0, I64)
+    return np.array([k for k, s in enumerate(state.steps) if (s.groups or s.transfers)
+                     and all((k, i) in sh.replica_groups for i in range(len(s.groups)))
+                     and all((k, i) in sh.replica_tables for i in range(len(s.transfers)))], I64)

@@ -15,6 +15,7 @@ from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
 from tremula.ir.ops import _norm_axis, rule
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
+from tremula.plan.layers import SharedLayers
 from tremula.plan.lower_attention import AttentionLowering, head_views
 from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, reshape_free, view2d
 from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
@@ -53,11 +54,13 @@ def supported(graph: Graph) -> list[str]:
     return bad
 
 
-class Lowerer(AttentionLowering, LoweringState):
+class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
-                 temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None):
+                 temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False):
         super().__init__(chip.tiles)
         self.temp_fraction, self.perm_fraction = temp_fraction, perm_fraction
+        self.share_layers = share_layers
+        self._init_layers()
         self.graph, self.chip, self.progress = graph, chip, progress
         self.types = graph.types
         self._ex_written: set[int] = set()
@@ -100,7 +103,11 @@ class Lowerer(AttentionLowering, LoweringState):
             if node.outputs[0] in self.head_skip:  # a head split or merge attention reads or writes in place
                 continue
             self.owner = node.name or node.outputs[0]
+            if self.share_layers:
+                self._enter(self.owner)
             getattr(self, "_lower_" + self._kind(node.op))(node)
+        if self.share_layers:
+            self._enter("")  # end the last run of layers
         for o in g.outputs:
             self.host_out.append(SymStream(o, self.layout_of(o)))
         return self
@@ -164,7 +171,10 @@ class Lowerer(AttentionLowering, LoweringState):
         # A constant read as an activation gets a home: rows spread over tiles, placed at load time.
         t = self.types[value]
         rows, cols = view2d(t.shape)
-        lay = self.row_layout(value, rows, cols, t.dtype, category="weights")
+        if self._spread is not None:  # in a shared layer: in the layer's spread storage
+            lay = self._spread_layout(value, rows, cols, t.dtype)
+        else:
+            lay = self.row_layout(value, rows, cols, t.dtype, category="weights")
         tl, rel, r0, r1, c0, c1 = blocks(lay)
         self.consts.append(SymConst(value, tl, lay.buf, rel, r0, r1, c0, c1, t.dtype))
         self.layouts[value] = lay
@@ -233,6 +243,10 @@ class Lowerer(AttentionLowering, LoweringState):
         if resident and value in self.graph.constants and row_const and view2d(t.shape)[0] == 1:
             # Bias-like constant: the same slice for every row, kept resident on each tile that needs it.
             cc0 = np.zeros_like(c0) if col_const else c0
+            if self._spread is not None:  # in a shared layer: stored spread, streamed to the tiles that need it
+                z = np.zeros_like(cc0)
+                buf, wrel = self._spread_operand(f"{value}@{tag}", value, t.dtype, tl, z, z + 1, cc0, cc0 + nc)
+                return (buf, wrel, nr, nc)
             buf, wrel = self.resident(f"{value}@{tag}", value, t.dtype, tl, 0, 1, cc0, cc0 + nc)
             return (buf, wrel, nr, nc)
         src = self.layout_of(value)
@@ -554,6 +568,8 @@ class Lowerer(AttentionLowering, LoweringState):
         block (streamed weights, and their bias and scale: a bias copy on every row group cost SigLIP so400m about
         25 KB a tile at batch 4)."""
         r0, r1, c0, c1 = (np.broadcast_to(np.asarray(a, I64), tl.shape) for a in (r0, r1, c0, c1))
+        if self._spread is not None:  # in a shared layer: stored spread, streamed to every tile
+            return self._spread_operand(name, const, dtype, tl, r0, r1, c0, c1)
         hbuf, hrel = self.resident(name, const, dtype, tl[home], r0[home], r1[home], c0[home], c1[home])
         buf, rel = np.full(len(tl), hbuf, I64), np.zeros(len(tl), I64)
         rel[home] = hrel

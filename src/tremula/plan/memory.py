@@ -1,8 +1,14 @@
 """The global memory plan: every buffer's address on every tile it lives on, from liveness over the whole program.
 
 Weights are always live and packed first, per tile; above them, activations and temporary buffers get one offset
-(the same on each of their tiles, relative to the tile's weight end) first-fit among the buffers whose live ranges overlap (times are half-steps: 2k = compute of step k, 2k+1 = its exchange). Code, vertex
-state and exchange code sit at the top of each tile's SRAM. Offsets are aligned to ALIGN bytes.
+(the same on each of their tiles, relative to the tile's weight end) first-fit among the buffers whose live ranges
+overlap (times are half-steps: 2k = compute of step k, 2k+1 = its exchange). Code, vertex state and exchange code sit
+at the top of each tile's SRAM. Offsets are aligned to ALIGN bytes.
+
+Layers that share code (plan/share.py) need each class of corresponding buffers at one offset. Their classes are
+first-fit in folded time (half-steps modulo the run's period, from the template layer's start): two classes that are
+live at the same moment of any layer then never share bytes. The run's classes together form one region, placed among
+the other buffers as a single buffer live from the first to the last moment any of them is.
 """
 
 from __future__ import annotations
@@ -67,8 +73,48 @@ def first_fit(sizes: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndar
     return offset
 
 
+def fold_fit(sizes: np.ndarray, occ: np.ndarray) -> np.ndarray:
+    """Offsets such that two classes whose folded occupancies occ[c] ([period] bool) intersect never share bytes."""
+    n = len(sizes)
+    offset = np.zeros(n, np.int64)
+    start = np.where(occ.any(axis=1), occ.argmax(axis=1), 0)
+    placed: list[int] = []
+    for c in np.lexsort((-sizes, start)).tolist():
+        if placed:
+            p = np.array(placed)
+            p = p[(occ[p] & occ[c]).any(axis=1)]
+            spans = sorted(zip(offset[p].tolist(), (offset[p] + sizes[p]).tolist()))
+        else:
+            spans = []
+        pos = 0
+        for off, end in spans:
+            if off - pos >= sizes[c]:
+                break
+            pos = max(pos, end)
+        offset[c] = pos
+        placed.append(c)
+    return offset
+
+
+def _fold_run(run, maxsize: np.ndarray, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, int]:
+    """Offset of each member of a run's classes inside the run's region, and the region's size."""
+    n_cls = int(run.cls.max()) + 1
+    sizes = np.zeros(n_cls, np.int64)
+    np.maximum.at(sizes, run.cls, maxsize[run.members])
+    occ = np.zeros((n_cls, run.period), bool)
+    for b, c in zip(run.members.tolist(), run.cls.tolist()):
+        f, last_ = int(first[b]), int(last[b])
+        if last_ - f + 1 >= run.period:
+            occ[c] = True
+        else:
+            occ[c, (np.arange(f, last_ + 1) - run.start) % run.period] = True
+    off = fold_fit(sizes, occ)
+    return off[run.cls], int((off + sizes).max())
+
+
 def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.ndarray], first: np.ndarray,
-                last: np.ndarray, n_tiles: int, reserved: dict[str, np.ndarray], sram: int) -> MemoryPlan:
+                last: np.ndarray, n_tiles: int, reserved: dict[str, np.ndarray], sram: int,
+                runs=()) -> MemoryPlan:
     n = len(cats)
     is_w = np.array([c == "weights" for c in cats], bool)
     # Weights: always live, packed per tile in placement order.
@@ -85,8 +131,21 @@ def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.n
     # Activations and temporaries: one offset above each tile's weights, first fit over live ranges.
     maxsize = np.array([align(int(s.max())) if len(s) else 0 for s in sizes_of], np.int64)
     offset = np.zeros(n, np.int64)
-    a_idx = np.flatnonzero(~is_w)
-    offset[a_idx] = first_fit(maxsize[a_idx], first[a_idx], last[a_idx])
+    in_run = np.zeros(n, bool)
+    folded, regions = [], []
+    for run in runs:
+        in_run[run.members] = True
+        off, size = _fold_run(run, maxsize, first, last)
+        folded.append(off)
+        regions.append((size, int(first[run.members].min()), int(last[run.members].max())))
+    a_idx = np.flatnonzero(~is_w & ~in_run)
+    r_size, r_first, r_last = ((np.array(v, np.int64) for v in zip(*regions)) if regions
+                               else (np.zeros(0, np.int64),) * 3)
+    off = first_fit(np.concatenate([maxsize[a_idx], r_size]), np.concatenate([first[a_idx], r_first]),
+                    np.concatenate([last[a_idx], r_last]))
+    offset[a_idx] = off[: len(a_idx)]
+    for run, base, member_off in zip(runs, off[len(a_idx):].tolist(), folded):
+        offset[run.members] = base + member_off
     # Highest byte used on each tile.
     counts = np.array([len(t) for t in tiles_of], np.int64)
     all_t = np.concatenate(tiles_of).astype(np.int64) if n else np.zeros(0, np.int64)

@@ -56,24 +56,36 @@ def transfer_code_bytes(t, instr: int | None) -> tuple[np.ndarray, np.ndarray]:
     return send, instr * side_instructions(np.repeat(t.rows, ndst), np.repeat(t.row_bytes, ndst), t.d_stride)
 
 
-def reserved_bytes(tiles: int, steps, chip=None) -> dict[str, np.ndarray]:
-    """code, vertex_state and exchange_code bytes per tile for a list of steps (Program Steps or SymSteps)."""
+def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -> dict[str, np.ndarray]:
+    """code, vertex_state and exchange_code bytes per tile for a list of steps (Program Steps or SymSteps).
+
+    With `sharing` (plan/share.py; SymSteps only), the vertex groups and transfer tables of layers that run their
+    template's code are not counted again; their per-layer tables of rewritten vertex fields are, and each
+    weight-sourced transfer of a template costs its sender one more instruction (adding the layer's weight base)."""
     instr = getattr(chip, "exchange_instruction_bytes", None)
     code_sets: dict[str, np.ndarray] = {}
     vstate = np.zeros(tiles, np.int64)
     excode = np.zeros(tiles, np.int64)
-    for s in steps:
+    for k, s in enumerate(steps):
         groups = s.compute if hasattr(s, "compute") else s.groups
-        for g in groups:
+        for i, g in enumerate(groups):
             mark = code_sets.setdefault(g.codelet, np.zeros(tiles, bool))
             mark[g.tiles] = True
+            if sharing is not None and (k, i) in sharing.replica_groups:
+                continue
             per = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * len(g.dtypes) + BYTES_PER_PARAM * g.params.shape[1]
             vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
         tables = [s.exchange] if hasattr(s, "exchange") else s.transfers
-        for t in tables:
+        for i, t in enumerate(tables):
+            if sharing is not None and (k, i) in sharing.replica_tables:
+                continue
             send, recv = transfer_code_bytes(t, instr)
+            if sharing is not None and (k, i) in sharing.template_tables:
+                send = send + (instr or EXCHANGE_BYTES_PER_TRANSFER // 4) * is_weight[t.src_buf]
             excode += np.bincount(t.src_tile, weights=send, minlength=tiles).astype(np.int64)
             excode += np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(np.int64)
+    if sharing is not None:
+        vstate += sharing.patch_bytes
     code = np.full(tiles, BASE_CODE_BYTES, np.int64)
     for name, mark in code_sets.items():
         code += mark * CODE_BYTES.get(name, 1024)

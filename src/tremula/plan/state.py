@@ -43,6 +43,7 @@ class SymStep:
     transfers: list[SymTransfers] = field(default_factory=list)
     label: str = ""
     owners: list[str] = field(default_factory=list)  # per transfer table: the node whose lowering asked for it
+    group_owners: list[str] = field(default_factory=list)  # per vertex group: the node it computes
 
 
 @dataclass
@@ -80,7 +81,8 @@ class LoweringState:
         self.layouts: dict[str, Layout] = {}
         self.strategies: dict[str, str] = {}
         self.row_cursor = 0
-        self.wload = np.zeros(tiles, I64)  # resident weight bytes placed on each tile so far
+        self.wload = np.zeros(tiles, I64)  # resident weight bytes on each tile, as placement choices see them
+        self.placed = np.zeros(tiles, I64)  # resident weight bytes on each tile (differs from wload in shared layers)
         self.row_block_bytes = 0  # cap on one row-layout block (0: no cap); the Lowerer sets it from the chip
 
     def least_loaded(self, n: int) -> np.ndarray:
@@ -148,7 +150,7 @@ class LoweringState:
     def compute(self, groups: list[SymGroup], label: str) -> None:
         groups = [g for g in groups if len(g.tiles)]
         if groups:
-            self.steps.append(SymStep(groups, [], label))
+            self.steps.append(SymStep(groups, [], label, group_owners=[self.owner] * len(groups)))
 
     def group(self, codelet: str, dtypes: tuple[str, ...], tiles, params, operands: list[tuple]) -> SymGroup:
         """operands: per operand (buf, rel, rows, cols), each scalar or an array over the vertices."""
@@ -171,5 +173,6 @@ class LoweringState:
         rel, used = block_rel_offsets(tiles, nbytes)
         buf = self.new_buffer(name, "weights", list(used.keys()), list(used.values()))
         self.wload[list(used.keys())] += list(used.values())
+        self.placed[list(used.keys())] += list(used.values())
         self.consts.append(SymConst(const, tiles.copy(), buf, rel, r0.copy(), r1.copy(), c0.copy(), c1.copy(), dtype))
         return buf, rel

@@ -45,11 +45,12 @@ class ExchangeCode:
                 f"(tile {self.peak_tile}).")
 
 
-def exchange_code(exchanges: list[StepExchange], tile_memory: dict[str, np.ndarray]) -> ExchangeCode | None:
+def exchange_code(exchanges: list[StepExchange], tile_memory: dict[str, np.ndarray], shared=()) -> ExchangeCode | None:
     """Compare the timetables' exchange code with the planned one; `tile_memory` is the profile's bytes per tile by
-    category (its "exchange_code" is the plan's estimate). None when the timetables' code was not kept."""
+    category (its "exchange_code" is the plan's estimate); `shared` steps run another step's code. None when the
+    timetables' code was not kept."""
     planned = np.asarray(tile_memory["exchange_code"], I64)
-    code = exchange_code_per_tile(exchanges, len(planned))
+    code = exchange_code_per_tile(exchanges, len(planned), shared)
     if code is None:
         return None
     has = planned > 0

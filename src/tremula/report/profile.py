@@ -250,7 +250,10 @@ def tile_memory(program: Program, live: dict[str, np.ndarray], chip=None) -> dic
 
 
 def _reserved_split(program: Program, chip=None) -> dict[str, np.ndarray]:
-    # The Program stores only the sum; the split is recomputed by the same function (and chip) the planner used.
+    # The Program stores the split the planner counted; older files only the sum: then the split is recomputed by the
+    # same function (and chip) the planner used.
+    if program.reserved_split:
+        return {k: np.asarray(program.reserved_split[k], I64) for k in RESERVED}
     from tremula.plan.overheads import reserved_bytes
 
     split = reserved_bytes(program.tiles, program.steps, chip)
@@ -436,7 +439,7 @@ def build_profile(result, graph: Graph, chip, model: str | None = None, keep_til
     prof = Profile(summary, ops, op_types, rows, {c: v.tolist() for c, v in mem.items()},
                    per_tile_steps if keep_tile_cycles else None)
     if exchanges:
-        prof.exchange_code = exchange_code(exchanges, mem)
+        prof.exchange_code = exchange_code(exchanges, mem, program.shared_steps)
     from tremula.report.why import explain
 
     prof.why = explain(prof, chip)

@@ -89,12 +89,14 @@ def cycles_with_timetables(cycles: int, exchange_cycles: int, exchanges: list[St
     return cycles - exchange_cycles + sum(e.makespan for e in exchanges)
 
 
-def exchange_code_per_tile(exchanges: list[StepExchange], tiles: int) -> np.ndarray | None:
+def exchange_code_per_tile(exchanges: list[StepExchange], tiles: int, shared=()) -> np.ndarray | None:
     """Exchange code bytes per tile summed over all steps (every step's code stays resident, as in the memory
-    plan's estimate); None when a step's code was not kept."""
+    plan's estimate) but the `shared` steps, which run another step's code; None when a step's code was not kept."""
     if any(e.code_bytes is None for e in exchanges):
         return None
     total = np.zeros(tiles, np.int64)
+    skip = {int(k) for k in shared}
     for e in exchanges:
-        total += e.code_bytes
+        if e.step not in skip:
+            total += e.code_bytes
     return total

@@ -1,0 +1,205 @@
+"""Lowering identical layers identically, so that they can share one copy of their code (plan/share.py proves it).
+
+A transformer's layers are the same ops on the same shapes. Lowered one after another, they still come out different:
+tile choices follow the weights placed so far and rotating cursors. In shared-layer mode the Lowerer rewinds those
+choices at the start of every layer of a run, so every layer makes the template layer's choices, and it stores each
+layer's matmul weights spread evenly over all tiles (the same way in every layer) and streams them to every tile that
+computes with them. Then a layer differs from the next only in the addresses of its weights: one vertex state and one
+exchange program serve all of them, as an outlined function does.
+
+Why spread: with one placement per layer repeated 27 times, a tile holding a block of layer 0's fc1 would hold that
+block's copy for every layer (27 x 34 KB on SigLIP so400m), while other tiles hold none.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from tremula.plan.exchange import gather_rects, make_transfers
+from tremula.plan.layout import block_rel_offsets, blocks
+from tremula.plan.memory import align
+
+I64 = np.int64
+ALIGN_SLACK = 4  # when a layer's storage overflows its cap, the cap grows by this many aligned words per tile
+# A layer's nodes are named <prefix><index><separator>...: "encoder.layers.3.mlp.fc1", "/encoder/layer.3/...", "h.3.".
+_LAYER = re.compile(r"^(.*?[./_])(\d+)[./_]")
+
+
+def layer_key(name: str) -> tuple[str, int] | None:
+    """(prefix, index) of the layer a node belongs to, from its name; None outside numbered layers."""
+    m = _LAYER.match(name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def _rects(a: int, b: int, cols: int) -> list[tuple[int, int, int, int]]:
+    """Row-major elements [a, b) of a matrix with `cols` columns as at most three rectangles (r0, r1, c0, c1)."""
+    ra, ca, rb, cb = a // cols, a % cols, b // cols, b % cols
+    if ra == rb:
+        return [(ra, ra + 1, ca, cb)]
+    out = []
+    if ca:
+        out.append((ra, ra + 1, ca, cols))
+        ra += 1
+    if rb > ra:
+        out.append((ra, rb, 0, cols))
+    if cb:
+        out.append((rb, rb + 1, 0, cb))
+    return out
+
+
+@dataclass
+class _Spread:
+    """Per-layer storage: tiles filled in order up to `cap` bytes each; when the last is full (alignment padding
+    made the layer's bytes more than T x cap), the cap grows a little and filling restarts at tile 0."""
+
+    cap: int
+    used: np.ndarray  # [T] bytes stored on each tile in this layer
+    tile: int = 0
+
+
+class SharedLayers:
+    """Mixin for the Lowerer: the rewinds and the spread weight storage of shared-layer mode."""
+
+    share_layers = False
+
+    def _init_layers(self) -> None:
+        self._run: tuple[str, int] | None = None  # (prefix, current index) of the run being lowered
+        self._snap = None  # placement state at the start of the run's first layer
+        self._spread: _Spread | None = None
+        self._carry: tuple[str, str] | None = None  # the layer's (input, output) hidden state
+        self._carry_owner = ""  # the name of the layer's last node: the re-layout of its output is the layer's
+
+    def _layer_bytes(self, key: tuple[str, int]) -> int:
+        """Bytes of the constants one layer's nodes read (weights, biases, FP8 scales, LayerNorm parameters): what
+        its spread storage holds."""
+        consts = {v for n in self.graph.nodes if layer_key(n.name or n.outputs[0]) == key
+                  for v in n.inputs if v and v in self.graph.constants}
+        return sum(int(align(int(self.types[v].nbytes))) for v in consts)
+
+    def _enter(self, owner: str) -> None:
+        """Called before each node: start, continue or end a run of layers, rewinding placement at layer starts."""
+        key = layer_key(owner)
+        if self._run is not None and key == self._run:
+            self._carry_owner = owner
+            return
+        if self._run is not None:
+            self._pin_carried()
+        if self._run is not None and (key is None or key[0] != self._run[0]):
+            self.wload = self.placed.copy()  # leaving the run: later placements see the true weight loads
+            self._run = self._snap = self._spread = None
+        if key is None:
+            return
+        if self._run is None:
+            self._snap = (self.cursor, self.row_cursor, self.wload.copy())
+        else:
+            self.cursor, self.row_cursor, wload = self._snap
+            self.wload = wload.copy()
+        if self.steps and (self.steps[-1].groups or self.steps[-1].transfers):
+            self.compute_empty()  # every layer starts on a step of its own, so all layers have the same steps
+        self._run, self._carry, self._carry_owner = key, self._carried(key), owner
+        self._spread = _Spread(int(align(-(-self._layer_bytes(key) // self.T))), np.zeros(self.T, I64))
+
+    def _spread_pieces(self, rows: int, cols: int, isz: int) -> list[tuple[int, int, int, int, int]]:
+        """Storage for a [rows, cols] block: (tile, r0, r1, c0, c1) rectangles of it that cover its row-major
+        elements in order, filling tiles in order up to the cap (a rectangle never holds a partial row and more).
+        Element granularity keeps every tile within a few bytes of the cap, which matters: the fullest tile holds
+        that much once per layer."""
+        sp = self._spread
+        out: list[tuple[int, int, int, int, int]] = []
+        e, n = 0, rows * cols
+        while e < n:
+            room = (sp.cap - int(sp.used[sp.tile])) // isz
+            if room <= 0:
+                sp.tile += 1
+                if sp.tile == self.T:
+                    sp.tile, sp.cap = 0, sp.cap + 8 * ALIGN_SLACK
+                continue
+            end = min(e + room, n)
+            for r0, r1, c0, c1 in _rects(e, end, cols):
+                out.append((sp.tile, r0, r1, c0, c1))
+                sp.used[sp.tile] += int(align((r1 - r0) * (c1 - c0) * isz))
+            e = end
+        return out
+
+    def _spread_operand(self, name: str, const: str, dtype: str, tl, r0, r1, c0, c1):
+        """Block [r0:r1, c0:c1] of a constant for every tile of tl, stored spread (each distinct block once, in
+        pieces) and received once by every tile that needs it, into a temporary buffer: (buffer, offset) per entry."""
+        isz = np.dtype(dtype).itemsize
+        tl = np.asarray(tl, I64)
+        uniq, inv = np.unique(np.stack([r0, r1, c0, c1], axis=1), axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        img, blk, off = [], [], []  # storage rectangles (tile, r0, r1, c0, c1 of the constant), their block, offset
+        for b, (a0, a1, b0, b1) in enumerate(uniq.tolist()):
+            for t, q0, q1, d0, d1 in self._spread_pieces(a1 - a0, b1 - b0, isz):
+                img.append((t, a0 + q0, a0 + q1, b0 + d0, b0 + d1))
+                blk.append(b), off.append((q0 * (b1 - b0) + d0) * isz)
+        img = np.array(img, I64).reshape(-1, 5)
+        hbuf, hrel = self.resident(name, const, dtype, img[:, 0], img[:, 1], img[:, 2], img[:, 3], img[:, 4])
+        hrel, blk, off = (np.asarray(a, I64) for a in (hrel, blk, off))
+        nbytes_img = (img[:, 2] - img[:, 1]) * (img[:, 4] - img[:, 3]) * isz
+        nb = (uniq[:, 1] - uniq[:, 0]) * (uniq[:, 3] - uniq[:, 2]) * isz
+        # each tile receives each distinct block it needs once
+        need, back = np.unique(np.stack([tl, inv], axis=1), axis=0, return_inverse=True)
+        drel, used = block_rel_offsets(need[:, 0], nb[need[:, 1]])
+        sbuf = self.new_buffer(f"{name}@stream", "buffers", list(used.keys()), list(used.values()))
+        order = np.argsort(blk, kind="stable")
+        starts = np.searchsorted(blk[order], np.arange(len(uniq) + 1))
+        dst = np.concatenate([np.full(starts[b + 1] - starts[b], i, I64) for i, b in enumerate(need[:, 1].tolist())])
+        piece = np.concatenate([order[starts[b]: starts[b + 1]] for b in need[:, 1].tolist()])
+        nbytes = nbytes_img[piece]
+        self.exchange(make_transfers(img[piece, 0], hbuf, hrel[piece], 1, nbytes, nbytes, need[dst, 0], sbuf,
+                                     drel[dst] + off[piece], nbytes))
+        return np.full(len(tl), sbuf, I64), drel[back.reshape(-1)]
+
+    def _spread_layout(self, value: str, rows: int, cols: int, dtype: str):
+        """A constant read as an activation (e.g. a LayerNorm scale, multicast to its users): its home layout in
+        the layer's spread storage. A layout is a grid of blocks, so a one-row constant is cut in columns and any
+        other in whole rows."""
+        if rows == 1:
+            pieces = self._spread_pieces(1, cols, np.dtype(dtype).itemsize)
+            rc, cc, grid = [0, 1], [p[3] for p in pieces] + [cols], [[p[0] for p in pieces]]
+        else:
+            pieces = [(t, q0, q1) for t, q0, q1, _, _ in self._spread_pieces(rows, 1, cols * np.dtype(dtype).itemsize)]
+            rc, cc, grid = [p[1] for p in pieces] + [rows], [0, cols], [[p[0]] for p in pieces]
+        lay = self.alloc_layout(value, rows, cols, dtype, rc, cc, grid, "weights")
+        spec = self.bufs[lay.buf]
+        self.wload[spec.tiles] += spec.sizes
+        self.placed[spec.tiles] += spec.sizes
+        return lay
+
+    # ------------------------------------------------------------------------------------------------ the carried value
+    def _carried(self, key: tuple[str, int]) -> tuple[str, str] | None:
+        """(value the layer reads from before it, value it leaves to after it) when there is one of each of the same
+        type, e.g. a transformer layer's hidden states in and out."""
+        nodes = [n for n in self.graph.nodes if layer_key(n.name or n.outputs[0]) == key]
+        made = {o for n in nodes for o in n.outputs}
+        def mine(v: str) -> bool:  # read by this layer alone (not an attention mask every layer reads)
+            return all(layer_key(c.name or c.outputs[0]) in (key, None) or layer_key(c.name or c.outputs[0])[0] !=
+                       key[0] for c in self.consumers.get(v, []))
+
+        ins = {v for n in nodes for v in n.inputs if v and v not in made and v not in self.graph.constants and mine(v)}
+        outs = {o for o in made if o in self.graph.outputs or
+                any(layer_key(c.name or c.outputs[0]) != key for c in self.consumers.get(o, []))}
+        if len(ins) != 1 or len(outs) != 1:
+            return None
+        (i,), (o,) = ins, outs
+        return (i, o) if self.types[i] == self.types[o] else None
+
+    def _pin_carried(self) -> None:
+        """Put the layer's output in its input's layout, so that the next layer reads it exactly as this one did."""
+        if self._carry is None:
+            return
+        x_in, x_out = self._carry
+        src, want = self.layout_of(x_out), self.layout_of(x_in)
+        if src.same_blocks(want):
+            return
+        owner, self.owner = self.owner, self._carry_owner
+        lay = self.alloc_layout(f"{x_out}@carried", want.rows, want.cols, want.dtype, want.row_cuts, want.col_cuts,
+                                want.tiles)
+        tl, rel, br0, br1, bc0, bc1 = blocks(lay)
+        self.exchange(gather_rects(src, br0, br1, bc0, bc1, tl, lay.buf, rel, (bc1 - bc0) * lay.itemsize))
+        self.layouts[x_out] = lay
+        self.owner = owner

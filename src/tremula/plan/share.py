@@ -1,0 +1,194 @@
+"""Layers whose lowered steps are identical share one copy of their vertex state and exchange code.
+
+A run of layers (node names <prefix><i>.…, plan/layers.py) shares when every layer's vertex groups and transfers are
+those of a template layer, item by item: the same codelets, tiles, shapes, offsets, transfer patterns, at a constant
+step distance, with buffers that map one-to-one onto the template's. Then the layer can run the template's code, as
+an outlined function (a Poplar `Call`), if
+- every non-weight buffer sits where its template counterpart sits (the memory plan gives each class of such buffers
+  one offset: plan/memory.py), and
+- its weights sit at the template's weight addresses plus one distance per tile and layer (checked on the memory plan
+  by `check_weight_strides`): the exchange code then takes the layer's weight base from a register, one extra
+  instruction per weight-sourced transfer on its sender, and vertices that point at weights, or whose parameters
+  differ between layers (FP8 activation scales), get those fields rewritten before each call from a table of
+  4 bytes per field and layer (counted as vertex state).
+Layers that do not match are not shared and keep their own code; matching is checked, never assumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tremula.plan.layers import layer_key
+from tremula.plan.state import LoweringState
+
+I64 = np.int64
+PATCH_BYTES_PER_FIELD = 4  # one 32-bit word per rewritten vertex field and layer
+
+
+@dataclass
+class Run:
+    start: int  # half-step of the template layer's first step: the origin of the fold
+    period: int  # half-steps from one layer of the run to the next
+    members: np.ndarray  # buffer ids that belong to a class of this run
+    cls: np.ndarray  # class (0..) of each member; members of one class get one offset
+
+
+@dataclass
+class Sharing:
+    runs: list[Run] = field(default_factory=list)
+    replica_groups: set = field(default_factory=set)  # (step, group index) whose code is its template's
+    replica_tables: set = field(default_factory=set)  # (step, transfer table index) likewise
+    template_tables: set = field(default_factory=set)  # tables that replicas reuse (they read a weight base)
+    weight_pairs: list = field(default_factory=list)  # (replica weight bufs, template weight bufs) per shared layer
+    patch_bytes: np.ndarray | None = None  # [tiles] the per-layer tables of rewritten vertex fields
+    shared_layers: int = 0  # layers that run a template's code
+
+
+def _entries(state: LoweringState) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
+    """(step, kind 0 = vertex group / 1 = transfer table, index) of every item, by the layer of its owner."""
+    out: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    for k, s in enumerate(state.steps):
+        for i, o in enumerate(s.group_owners):
+            key = layer_key(o)
+            if key is not None:
+                out.setdefault(key, []).append((k, 0, i))
+        for i, o in enumerate(s.owners):
+            key = layer_key(o)
+            if key is not None:
+                out.setdefault(key, []).append((k, 1, i))
+    return out
+
+
+_GROUP_SAME = ("tiles", "rels", "shapes")
+_TABLE_SAME = ("src_tile", "src_rel", "rows", "row_bytes", "src_stride", "dst_start", "d_tile", "d_rel", "d_stride")
+
+
+def _key(b: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """A (b, a) buffer pair as one int64, so that pairs can be made unique in one dimension (fast)."""
+    return (np.asarray(b, I64).reshape(-1) << 32) | np.asarray(a, I64).reshape(-1)
+
+
+def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
+    """Compare layer b's items with template a's: (step shift, buffer pairs [n, 2] as (b, a), patch bytes per tile)
+    or None when they differ."""
+    if len(a) != len(b) or not a:
+        return None
+    shift = b[0][0] - a[0][0]
+    pairs, patch = [], np.zeros(state.T, I64)
+    for (ka, kind, ia), (kb, kind_b, ib) in zip(a, b):
+        if kind != kind_b or kb - ka != shift:
+            return None
+        if kind == 0:
+            ga, gb = state.steps[ka].groups[ia], state.steps[kb].groups[ib]
+            if (ga.codelet, ga.dtypes) != (gb.codelet, gb.dtypes) or ga.params.shape != gb.params.shape or \
+                    any(not np.array_equal(getattr(ga, f), getattr(gb, f)) for f in _GROUP_SAME) or \
+                    ga.bufs.shape != gb.bufs.shape:
+                return None
+            # fields rewritten per call: parameters that differ, pointers to weights (they move with the layer)
+            nfields = (ga.params != gb.params).any(axis=0).sum() + is_w[ga.bufs].any(axis=0).sum()
+            if nfields:
+                patch += np.bincount(ga.tiles, minlength=state.T).astype(I64) * int(nfields) * PATCH_BYTES_PER_FIELD
+            pairs.append(np.unique(_key(gb.bufs, ga.bufs)))
+        else:
+            ta, tb = state.steps[ka].transfers[ia], state.steps[kb].transfers[ib]
+            if len(ta) != len(tb) or len(ta.d_tile) != len(tb.d_tile) or \
+                    any(not np.array_equal(getattr(ta, f), getattr(tb, f)) for f in _TABLE_SAME):
+                return None
+            pairs.append(np.unique(_key(tb.src_buf, ta.src_buf)))
+            pairs.append(np.unique(_key(tb.d_buf, ta.d_buf)))
+    u = np.unique(np.concatenate(pairs))
+    pairs = np.stack([u >> 32, u & 0xFFFFFFFF], axis=1)
+    # one-to-one, and each buffer like its counterpart: same kind, tiles and bytes
+    if len(np.unique(pairs[:, 0])) != len(pairs) or len(np.unique(pairs[:, 1])) != len(pairs):
+        return None
+    for pb, pa in pairs.tolist():
+        sa, sb = state.bufs[pa], state.bufs[pb]
+        if is_w[pa] != is_w[pb] or not (np.array_equal(sa.tiles, sb.tiles) and np.array_equal(sa.sizes, sb.sizes)):
+            return None
+    return shift, pairs, patch
+
+
+def find_sharing(state: LoweringState) -> Sharing:
+    """The layers that can run their template's code, and what the memory plan must do for them."""
+    sh = Sharing(patch_bytes=np.zeros(state.T, I64))
+    is_w = np.array([b.category == "weights" for b in state.bufs], bool)
+    entries = _entries(state)
+    prefixes: dict[str, list[int]] = {}
+    for p, i in entries:
+        prefixes.setdefault(p, []).append(i)
+    owned = np.full(len(state.bufs), -1, I64)  # run that a buffer's class belongs to
+    for p, idx in prefixes.items():
+        k = 0
+        while k < len(idx):
+            tmpl = entries[(p, idx[k])]
+            matched = []  # (layer's entries, pairs, patch)
+            period = None
+            for j in idx[k + 1:]:
+                mine = entries[(p, j)]
+                r = _match(state, tmpl, mine, is_w)
+                if r is None or (period is None and r[0] <= 0) or \
+                        (period is not None and r[0] != period * (len(matched) + 1)):
+                    break
+                period = period or r[0]
+                matched.append((mine, r[1], r[2]))
+            k += 1 + len(matched)
+            if matched:
+                _add_run(sh, state, tmpl, period, matched, is_w, owned)
+    return sh
+
+
+def _add_run(sh: Sharing, state: LoweringState, tmpl: list, period: int, matched: list, is_w: np.ndarray,
+             owned: np.ndarray) -> None:
+    run_id = len(sh.runs)
+    act = [m[1][(~is_w[m[1][:, 0]]) & (m[1][:, 0] != m[1][:, 1])] for m in matched]
+    links = np.concatenate(act) if act else np.zeros((0, 2), I64)
+    if len(links) and (owned[links.reshape(-1)] >= 0).any():
+        return  # its buffers already share a slot with another run's: leave this run unshared
+    # classes: connected components of the pairs (union-find)
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for b, a in links.tolist():
+        rb, ra = find(b), find(a)
+        if rb != ra:
+            parent[rb] = ra
+    members = np.array(sorted(parent), I64)
+    roots = np.array([find(int(m)) for m in members], I64)
+    _, cls = np.unique(roots, return_inverse=True)
+    owned[members] = run_id
+    sh.runs.append(Run(2 * tmpl[0][0], 2 * period, members, cls.astype(I64).reshape(-1)))
+    for mine, pairs, patch in matched:
+        sh.shared_layers += 1
+        for k, kind, i in mine:
+            (sh.replica_groups if kind == 0 else sh.replica_tables).add((k, i))
+        sh.patch_bytes += patch
+        w = is_w[pairs[:, 0]]
+        sh.weight_pairs.append((pairs[w, 0], pairs[w, 1]))
+    sh.template_tables.update((k, i) for k, kind, i in tmpl if kind == 1)
+
+
+def check_weight_strides(sh: Sharing, mp) -> str:
+    """'' when every shared layer's weights sit at its template's weight addresses plus one distance per tile (what
+    a base register can add); else what breaks that."""
+    for rep, tmp in sh.weight_pairs:
+        if not len(rep):
+            continue
+        rows_r, rows_t = mp.weight_row[rep], mp.weight_row[tmp]
+        ar, at = mp.weight_addr[rows_r], mp.weight_addr[rows_t]
+        on = ar >= 0
+        if not np.array_equal(on, at >= 0):
+            return "a shared layer's weights are on other tiles than its template's"
+        d = np.where(on, ar - at, 0)
+        lo = np.where(on, d, np.iinfo(I64).max).min(axis=0)
+        hi = np.where(on, d, np.iinfo(I64).min).max(axis=0)
+        if ((lo != hi) & on.any(axis=0)).any():
+            return "a shared layer's weights are not at one distance from its template's on some tile"
+    return ""

@@ -1,0 +1,53 @@
+"""Pure pieces of layer code sharing: layer names, row-major rectangles, folded first fit."""
+
+import numpy as np
+
+from tremula.plan.layers import _rects, layer_key
+from tremula.plan.memory import fold_fit
+
+
+def test_layer_key_reads_the_layer_index_from_node_names():
+    assert layer_key("encoder.layers.3.mlp.fc1") == ("encoder.layers.", 3)
+    assert layer_key("/encoder/layer.11/attention/MatMul") == ("/encoder/layer.", 11)
+    assert layer_key("h.0.attn.c_attn") == ("h.", 0)
+    assert layer_key("embeddings.patch_embedding") is None
+    assert layer_key("post_layernorm") is None
+
+
+def test_rects_cover_a_row_major_range_exactly_once():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        cols = int(rng.integers(1, 9))
+        n = cols * int(rng.integers(1, 9))
+        a = int(rng.integers(0, n))
+        b = int(rng.integers(a + 1, n + 1))
+        hit = np.zeros(n, int)
+        rects = _rects(a, b, cols)
+        assert 1 <= len(rects) <= 3
+        for r0, r1, c0, c1 in rects:
+            assert r1 > r0 and c1 > c0
+            idx = (np.arange(r0, r1)[:, None] * cols + np.arange(c0, c1)[None, :]).reshape(-1)
+            hit[idx] += 1
+            # each rectangle is one contiguous byte run of the row-major block (a single transfer)
+            assert np.array_equal(idx, np.arange(idx[0], idx[0] + len(idx)))
+        assert (hit[a:b] == 1).all() and hit[:a].sum() == 0 and hit[b:].sum() == 0
+
+
+def test_fold_fit_separates_classes_live_at_the_same_folded_moment():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        n, period = int(rng.integers(2, 30)), int(rng.integers(2, 20))
+        occ = rng.random((n, period)) < 0.25
+        sizes = rng.integers(1, 100, n) * 8
+        off = fold_fit(sizes, occ)
+        for i in range(n):
+            for j in range(i + 1, n):
+                if (occ[i] & occ[j]).any():
+                    assert off[i] + sizes[i] <= off[j] or off[j] + sizes[j] <= off[i]
+
+
+def test_fold_fit_reuses_bytes_of_classes_never_live_together():
+    occ = np.array([[1, 1, 0, 0], [0, 0, 1, 1], [1, 0, 0, 1]], bool)
+    off = fold_fit(np.array([64, 64, 8]), occ)
+    assert off[0] == off[1] == 0  # live in different halves of every layer: one slot
+    assert off[2] == 64

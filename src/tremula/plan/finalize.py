@@ -144,7 +144,8 @@ def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reser
     return Program(chip.name, chip.tiles, chip.sram_bytes_per_tile, dtype, batch, steps,
                    _streams(state.host_in, mp), _streams(state.host_out, mp), consts, bt, io_types,
                    sum(reserved.values()).astype(I64),
-                   reserved_split={k: np.asarray(v, I64) for k, v in reserved.items()}, shared_steps=_shared_steps(state))
+                   reserved_split={k: np.asarray(v, I64) for k, v in reserved.items()},
+                   shared_steps=_shared_steps(state))
 
 
 def _shared_steps(state: LoweringState) -> np.ndarray:

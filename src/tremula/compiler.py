@@ -29,11 +29,13 @@ CALIBRATION_SEED = 1  # seeded calibration inputs differ from check's inputs (se
 MAX_AUTO_BATCH = 4096
 # Planner budgets tried in turn until a plan fits: (operand block, permanent bytes of the matmuls), as fractions of a
 # tile's SRAM (see plan/strategies.py), and whether identical layers share one copy of their code (plan/share.py).
-# The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets trade cycles for memory. Shared layers
-# come last: they stream every layer's weights to all its tiles (more exchange), but hold one layer's vertex state and
-# exchange code instead of one per layer.
-PLAN_BUDGETS = ((0.12, None, False), (0.12, 0.4, False), (0.12, 0.3, False), (0.12, 0.2, False), (0.04, 0.2, False),
-                (0.12, None, True), (0.12, 0.4, True), (0.04, 0.2, True))
+# The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets trade cycles for memory. Sharing streams
+# every layer's weights to all its tiles, which cost SigLIP so400m 0.1 % of its cycles at batch 4, and holds one
+# layer's vertex state and exchange code instead of one per layer (91 KB a tile less there). A graph without
+# numbered layers skips the shared budget; a graph with them stops after it: once layers share, the permanent budgets
+# change nothing, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of host memory to plan.
+PLAN_BUDGETS = ((0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True), (0.12, 0.3, False), (0.12, 0.2, False),
+                (0.04, 0.2, False))
 
 
 class DoesNotFit(TremulaError):
@@ -191,18 +193,22 @@ def _calibrate(build, graph: Graph | None, calibration: dict[str, np.ndarray] | 
 
 
 def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
-               scales: dict[str, int] | None = None):
-    """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes)."""
+               scales: dict[str, int] | None = None, shared_only: bool = False):
+    """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
+    shared_only: skip the budgets without shared layers (the caller knows they do not fit)."""
     g = lower_precision(graph, dtype, chip, scales)
     # Tighter budgets mean more rounds or fewer tiles per matmul: the first plan that fits is kept, else the one with
     # the lowest peak. Only one lowering is alive at a time (a base model's is gigabytes at large batches): when the
     # lowest peak was not the last one tried, it is lowered again.
     best: tuple | None = None  # (peak bytes, budget index)
     futile: dict[bool, float] = {}  # share mode -> the budget below which its tighter budgets cannot help
-    layered = len({layer_key(n.name) for n in g.nodes} - {None}) > 1  # identical layers to share, maybe
+    layered = len({layer_key(n.name or n.outputs[0]) for n in g.nodes} - {None}) > 1  # identical layers to share, maybe
+    tried_shared = False
     for i, (frac, perm, share) in enumerate(PLAN_BUDGETS):
-        if frac < futile.get(share, 0.0) or (share and not layered):
+        if frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
+                                                                         (shared_only or tried_shared)):
             continue
+        tried_shared = tried_shared or share
         plan = state = live = None  # drop the previous lowering before making the next
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share).lower()
         mp, live, reserved = memory_plan(state, chip)
@@ -230,17 +236,22 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
 
 
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
-            scales: dict[str, int] | None = None) -> bool:
-    _, _, mp, _, _ = plan_graph(build(batch), chip, dtype, scales=scales)
-    return mp.fits
+            scales: dict[str, int] | None = None, shared_only: bool = False) -> tuple[bool, bool]:
+    """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares)."""
+    _, state, mp, _, _ = plan_graph(build(batch), chip, dtype, scales=scales, shared_only=shared_only)
+    return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False)
 
 
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
                    progress: Progress | None = None, scales: dict[str, int] | None = None,
-                   one_fits: bool | None = None) -> int:
+                   one_fits: bool | None = None, found: dict | None = None) -> int:
     """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only. Fitting
     is not strictly monotone in the batch (splits and budgets change with it), so this is the largest the search
     finds, and every batch it returns has a plan that fits.
+
+    Once plans without shared layers fail at some batch, larger batches try only shared-layer plans: the others
+    grow with the batch (SigLIP so400m's reached 23 GB of host memory at batch 16) and did not fit at a smaller one.
+    `found["shared_from"]` is then that batch.
 
     FP8 scales change no byte or cycle of a plan, so the search plans with `scales` (or placeholders). `one_fits`:
     the caller already planned batch 1."""
@@ -251,12 +262,17 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         scales = {n.name: 0 for n in activation_casts(fp8_linear_casts(canonical(build(1))))}
     probes = 0
 
+    shared_from = limit + 1  # smallest batch at which plans without shared layers failed
+
     def ok(b: int) -> bool:
-        nonlocal probes
+        nonlocal probes, shared_from
         probes += 1
         if progress:
             progress("batch search", probes, probes + 1)
-        return fits_at(build, chip, dt, b, scales)
+        fits, shared = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from)
+        if shared:
+            shared_from = min(shared_from, b)
+        return fits
 
     if not (one_fits if one_fits is not None else ok(1)):
         return 0
@@ -270,6 +286,8 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
             lo = mid
         else:
             hi = mid
+    if found is not None and shared_from <= lo:
+        found["shared_from"] = shared_from
     return lo
 
 
@@ -291,6 +309,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
     _check_fp8(chip, dt)
     build = _builder(model, seq_len)
     scales = None
+    shared_only = False
     if dt == "fp8":
         if progress:
             progress("calibrate", 0, 1)
@@ -303,12 +322,14 @@ def compile_model(model: ModelSpec, chip, batch: int | str = 1, dtype: str = "fp
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
         state = live = None
-        batch = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True)
+        found: dict = {}
+        batch = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found)
+        shared_only = "shared_from" in found
     batch = int(batch)
     if batch < 1:
         raise TremulaError(f"batch must be >= 1 (got {batch})")
     graph = model if isinstance(model, Graph) else build(batch)  # type: ignore[misc]
-    g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales)
+    g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only)
     if require_fit and not mp.fits:
         # Batch 1 not fitting answers the search already; otherwise search below this batch.
         max_b = 0 if batch == 1 else (find_max_batch(build, chip, dtype, limit=batch - 1, scales=scales)

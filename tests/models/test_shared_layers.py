@@ -98,3 +98,25 @@ def test_unshared_plans_are_unchanged_by_the_layer_machinery(monkeypatch):
     monkeypatch.setattr(compiler, "PLAN_BUDGETS", UNSHARED)
     res = compiler.compile_model(siglip4, "c600", 2, "fp16")
     assert res.shared_layers == 0 and len(res.program.shared_steps) == 0
+
+
+def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
+    """With numbered layers, the planner tries the two fastest unshared budgets, then the shared one, and no tighter
+    budget after it (they change nothing once layers share, and cost host memory); the reported plan is the one with
+    the lowest peak."""
+    text = open("examples/chips/tiny16.toml").read().replace("sram_bytes_per_tile = 65536",
+                                                             "sram_bytes_per_tile = 49152")
+    chip = tmp_path / "tiny16-48k.toml"
+    chip.write_text(text)
+    tried = []
+
+    class Counting(Lowerer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            tried.append((self.temp_fraction, self.perm_fraction, self.share_layers))
+
+    monkeypatch.setattr(compiler, "Lowerer", Counting)
+    res = compiler.compile_model(siglip4, str(chip), 8, "fp16", require_fit=False)
+    assert not res.fits
+    assert tried[:3] == [(0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True)]
+    assert all(t in tried[:3] for t in tried[3:])  # at most the best one lowered again

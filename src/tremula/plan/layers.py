@@ -176,9 +176,9 @@ class SharedLayers:
         type, e.g. a transformer layer's hidden states in and out."""
         nodes = [n for n in self.graph.nodes if layer_key(n.name or n.outputs[0]) == key]
         made = {o for n in nodes for o in n.outputs}
-        def mine(v: str) -> bool:  # read by this layer alone (not an attention mask every layer reads)
-            return all(layer_key(c.name or c.outputs[0]) in (key, None) or layer_key(c.name or c.outputs[0])[0] !=
-                       key[0] for c in self.consumers.get(v, []))
+        def mine(v: str) -> bool:  # read by no other layer of the run (unlike an attention mask every layer reads)
+            keys = [layer_key(c.name or c.outputs[0]) for c in self.consumers.get(v, [])]
+            return all(k is None or k == key or k[0] != key[0] for k in keys)
 
         ins = {v for n in nodes for v in n.inputs if v and v not in made and v not in self.graph.constants and mine(v)}
         outs = {o for o in made if o in self.graph.outputs or

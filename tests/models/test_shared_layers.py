@@ -120,3 +120,24 @@ def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
     assert not res.fits
     assert tried[:3] == [(0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True)]
     assert all(t in tried[:3] for t in tried[3:])  # at most the best one lowered again
+
+
+def test_the_profile_counts_shared_code_once(monkeypatch):
+    """The report's memory per tile is what the memory plan counted (shared code once), and its comparison of
+    exchange code leaves out the steps that run a template's code, on both sides."""
+    from tremula.report import build_profile
+    from tremula.timing import schedule_exchange
+    from tremula.timing.program_schedule import schedule_program
+
+    monkeypatch.setattr(compiler, "PLAN_BUDGETS", SHARED)
+    chip = load_chip("c600")
+    res = compiler.compile_model(siglip4, chip, 2, "fp16")
+    prog = res.program
+    assert res.shared_layers == 3
+    prof = build_profile(res, siglip4(2), chip, exchanges=schedule_program(prog, chip))
+    for cat in ("vertex_state", "exchange_code"):
+        assert prof.tile_memory[cat] == prog.reserved_split[cat].tolist()
+    shared = set(prog.shared_steps.tolist())
+    expect = sum(schedule_exchange(s.exchange, chip).exchange_code_bytes(chip)
+                 for k, s in enumerate(prog.steps) if len(s.exchange) and k not in shared)
+    assert prof.exchange_code.timetable == expect.tolist()

@@ -225,7 +225,9 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
             break
         if cat.get("buffers", 0) < max(mp.peak_bytes - chip.sram_bytes_per_tile,
                                        cat.get("vertex_state", 0) + cat.get("exchange_code", 0)):
-            futile[share] = frac
+            futile[share] = frac  # judged on the last plan of this mode before a tighter one
+        else:
+            futile.pop(share, None)
     assert best is not None and plan is not None
     if best[1] != i:
         plan = state = live = None

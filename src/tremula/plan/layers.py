@@ -71,12 +71,19 @@ class SharedLayers:
         self._spread: _Spread | None = None
         self._carry: tuple[str, str] | None = None  # the layer's (input, output) hidden state
         self._carry_owner = ""  # the name of the layer's last node: the re-layout of its output is the layer's
+        self._by_layer: dict | None = None  # layer -> its nodes, made on first use
+
+    def _layer_nodes(self, key: tuple[str, int]) -> list:
+        if self._by_layer is None:
+            self._by_layer = {}
+            for n in self.graph.nodes:
+                self._by_layer.setdefault(layer_key(n.name or n.outputs[0]), []).append(n)
+        return self._by_layer.get(key, [])
 
     def _layer_bytes(self, key: tuple[str, int]) -> int:
         """Bytes of the constants one layer's nodes read (weights, biases, FP8 scales, LayerNorm parameters): what
         its spread storage holds."""
-        consts = {v for n in self.graph.nodes if layer_key(n.name or n.outputs[0]) == key
-                  for v in n.inputs if v and v in self.graph.constants}
+        consts = {v for n in self._layer_nodes(key) for v in n.inputs if v and v in self.graph.constants}
         return sum(int(align(int(self.types[v].nbytes))) for v in consts)
 
     def _enter(self, owner: str) -> None:
@@ -165,17 +172,16 @@ class SharedLayers:
             pieces = [(t, q0, q1) for t, q0, q1, _, _ in self._spread_pieces(rows, 1, cols * np.dtype(dtype).itemsize)]
             rc, cc, grid = [p[1] for p in pieces] + [rows], [0, cols], [[p[0]] for p in pieces]
         lay = self.alloc_layout(value, rows, cols, dtype, rc, cc, grid, "weights")
-        spec = self.bufs[lay.buf]
-        self.wload[spec.tiles] += spec.sizes
-        self.placed[spec.tiles] += spec.sizes
+        self.count_weights(lay.buf)
         return lay
 
     # ------------------------------------------------------------------------------------------------ the carried value
     def _carried(self, key: tuple[str, int]) -> tuple[str, str] | None:
         """(value the layer reads from before it, value it leaves to after it) when there is one of each of the same
         type, e.g. a transformer layer's hidden states in and out."""
-        nodes = [n for n in self.graph.nodes if layer_key(n.name or n.outputs[0]) == key]
+        nodes = self._layer_nodes(key)
         made = {o for n in nodes for o in n.outputs}
+
         def mine(v: str) -> bool:  # read by no other layer of the run (unlike an attention mask every layer reads)
             keys = [layer_key(c.name or c.outputs[0]) for c in self.consumers.get(v, [])]
             return all(k is None or k == key or k[0] != key[0] for k in keys)

@@ -52,6 +52,16 @@ class MemoryPlan:
         return out
 
 
+def lowest_gap(spans, size: int) -> int:
+    """The lowest offset where `size` bytes fit between the sorted (offset, end, ...) spans already taken."""
+    pos = 0
+    for off, end, *_ in spans:
+        if off - pos >= size:
+            break
+        pos = max(pos, end)
+    return pos
+
+
 def first_fit(sizes: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
     """Offsets such that two buffers whose [first, last] ranges intersect never share bytes."""
     n = len(sizes)
@@ -63,12 +73,7 @@ def first_fit(sizes: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndar
         active = [a for a in active if a[2] >= f]
         active.sort()
         size = int(sizes[b])
-        pos = 0
-        for off, end, _ in active:
-            if off - pos >= size:
-                break
-            pos = max(pos, end)
-        offset[b] = pos
+        offset[b] = pos = lowest_gap(active, size)
         active.append((pos, pos + size, int(last[b])))
     return offset
 
@@ -80,18 +85,9 @@ def fold_fit(sizes: np.ndarray, occ: np.ndarray) -> np.ndarray:
     start = np.where(occ.any(axis=1), occ.argmax(axis=1), 0)
     placed: list[int] = []
     for c in np.lexsort((-sizes, start)).tolist():
-        if placed:
-            p = np.array(placed)
-            p = p[(occ[p] & occ[c]).any(axis=1)]
-            spans = sorted(zip(offset[p].tolist(), (offset[p] + sizes[p]).tolist()))
-        else:
-            spans = []
-        pos = 0
-        for off, end in spans:
-            if off - pos >= sizes[c]:
-                break
-            pos = max(pos, end)
-        offset[c] = pos
+        p = np.array(placed, np.int64)
+        p = p[(occ[p] & occ[c]).any(axis=1)]  # placed classes live at some same folded moment
+        offset[c] = lowest_gap(sorted(zip(offset[p].tolist(), (offset[p] + sizes[p]).tolist())), int(sizes[c]))
         placed.append(c)
     return offset
 

@@ -166,13 +166,18 @@ class LoweringState:
         return SymGroup(codelet, tuple(dtypes), tiles, np.ascontiguousarray(params), bufs, rels, shapes)
 
     # ------------------------------------------------------------------------------------------------ weights
+    def count_weights(self, buf: int) -> None:
+        """Add a weight buffer's bytes to the per-tile weight loads (the true one and the one choices see)."""
+        spec = self.bufs[buf]
+        self.wload[spec.tiles] += spec.sizes
+        self.placed[spec.tiles] += spec.sizes
+
     def resident(self, name: str, const: str, dtype: str, tiles, r0, r1, c0, c1) -> tuple[int, np.ndarray]:
         """Put block [r0:r1, c0:c1] of constant `const` on each of `tiles`; returns (buffer, byte offset per tile)."""
         tiles, r0, r1, c0, c1 = np.broadcast_arrays(*[np.asarray(x, I64).reshape(-1) for x in (tiles, r0, r1, c0, c1)])
         nbytes = (r1 - r0) * (c1 - c0) * np.dtype(dtype).itemsize
         rel, used = block_rel_offsets(tiles, nbytes)
         buf = self.new_buffer(name, "weights", list(used.keys()), list(used.values()))
-        self.wload[list(used.keys())] += list(used.values())
-        self.placed[list(used.keys())] += list(used.values())
+        self.count_weights(buf)
         self.consts.append(SymConst(const, tiles.copy(), buf, rel, r0.copy(), r1.copy(), c0.copy(), c1.copy(), dtype))
         return buf, rel

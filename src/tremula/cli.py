@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tremula.errors import TremulaError
+from tremula.errors import TremulaError, TremulaNotice
 
 app = typer.Typer(
     add_completion=False,
@@ -24,6 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out = Console(highlight=False)
+_default_showwarning = warnings.showwarning
 err = Console(stderr=True, highlight=False)
 
 
@@ -371,8 +373,17 @@ def calibrate(
         _print_rows(rows, "Model vs published measurements (sources in shared reference ipu-hardware.md)")
 
 
+def _show_notice(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, TremulaNotice):
+        err.print(f"tremula: note: {message}", soft_wrap=True, markup=False)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
 def main() -> None:
-    """Entry point: flag errors are reported by the CLI library (exit 2); user errors become one line on stderr."""
+    """Entry point: flag errors are reported by the CLI library (exit 2); user errors become one line on stderr;
+    notices (errors.notice) one line each, before the answer they qualify."""
+    warnings.showwarning = _show_notice
     try:
         app(prog_name="tremula")  # standalone: handles --help, usage errors and Ctrl-C itself
     except TremulaError as e:

@@ -3,7 +3,7 @@
 Usage: python benchmarks/poprt_comparison.py [--chip c600] [--only vit|bert]
 
 Prints a plain-text table. The measured numbers are PopRT's published benchmark results as recorded in
-/work/shared/reference/ipu-hardware.md §7 (graphcore/PopRT benchmarks/ViT/README.md and benchmarks/bert/README.md).
+../shared/reference/ipu-hardware.md §7 (graphcore/PopRT benchmarks/ViT/README.md and benchmarks/bert/README.md).
 A configuration whose plan does not fit is printed as such, with the largest batch that does fit (and, unless
 --no-largest, tremula's modelled throughput at that batch) instead of a number.
 The measured MFU uses the same graph FLOP count as the modelled one, so the two are comparable.

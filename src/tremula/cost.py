@@ -1,7 +1,7 @@
 """The one cost model: cycles of compute, copies, exchange, sync and host transfers, as pure functions of a Chip.
 
 The planner and the timing backend both call these functions (DESIGN.md, "Contract — one cost model"). Every
-constant comes from the Chip, i.e. from a chip data file whose values cite /work/shared/reference/ipu-hardware.md.
+constant comes from the Chip, i.e. from a chip data file whose values cite ../shared/reference/ipu-hardware.md.
 Cycles are tile clock cycles and always integers.
 """
 

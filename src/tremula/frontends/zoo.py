@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from tremula.errors import TremulaError
+from tremula.errors import TremulaError, notice
 from tremula.ir.graph import Graph
 from tremula.models.build import ModelConfig, build_from_config
 from tremula.models.configs import BertConfig, GPT2Config, VisionConfig
@@ -49,6 +50,35 @@ def build_zoo(name: str, batch: int = 1, seq_len: int | None = None, seed: int =
         raise TremulaError(f"unknown zoo model {name!r}; known: {', '.join(ZOO)}")
     return build_from_config(entry.family, entry.config, LazyWeights(), batch=batch, seq_len=seq_len, name=name,
                              seed=seed)
+
+
+ZOO_PREFIX = "zoo:"  # `zoo:gpt2` always means the zoo model, whatever is in the working directory
+
+
+def zoo_choice(spec: str) -> str | None:
+    """The zoo model `spec` means, or None when it means a path.
+
+    A bare zoo name is the zoo model, unless a checkpoint folder of that name (one with config.json, what
+    `save_pretrained("gpt2")` makes) is in the working directory: then the folder, which the user most likely just
+    saved. Whenever a path and a zoo model share the name, a notice says which one was used and how to ask for the
+    other (`zoo:NAME`, `./NAME`)."""
+    if spec.startswith(ZOO_PREFIX):
+        name = spec[len(ZOO_PREFIX):]
+        if name not in ZOO:
+            raise TremulaError(f"unknown zoo model {name!r}; known: {', '.join(ZOO)}")
+        return name
+    if spec not in ZOO:
+        return None
+    path = Path(spec)
+    if not (path.exists() or path.is_symlink()):
+        return spec
+    if path.is_dir() and (path / "config.json").is_file():
+        notice(f"{spec!r} is a zoo model and a checkpoint folder here; using the folder ./{spec} "
+               f"(write {ZOO_PREFIX}{spec} for the zoo model)")
+        return None
+    what = "folder without config.json" if path.is_dir() else "file"
+    notice(f"{spec!r} is a zoo model and a {what} here; using the zoo model (write ./{spec} for the {what})")
+    return spec
 
 
 def zoo_rows() -> list[dict[str, str | int]]:

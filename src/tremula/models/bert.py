@@ -8,6 +8,7 @@ from tremula.ir.builder import GraphBuilder
 from tremula.ir.graph import Graph
 from tremula.models.blocks import attention, first_token, layer_norm, linear, mlp, scalar
 from tremula.models.configs import BertConfig, check_seq
+from tremula.models.heads import bert_head, check_head
 from tremula.models.weights import WeightSource
 
 
@@ -49,9 +50,11 @@ def bert_layer(b: GraphBuilder, w: WeightSource, x: str, i: int, cfg: BertConfig
 
 def build_bert(cfg: BertConfig, w: WeightSource, batch: int = 1, seq_len: int | None = None, name: str = "bert",
                seed: int = 0, token_type_ids: bool = True) -> Graph:
-    """Inputs input_ids, attention_mask (and token_type_ids unless disabled), all int64 [B, S]."""
+    """Inputs input_ids, attention_mask (and token_type_ids unless disabled), all int64 [B, S]; outputs
+    last_hidden_state, pooler_output (with a pooler) and `logits` (with a task head)."""
     s = seq_len or cfg.seq
     check_seq(s, cfg.max_positions)
+    check_head("bert", cfg.task)
     b = GraphBuilder(name, seed)
     ids = b.input("input_ids", (batch, s), "int64")
     mask = extended_mask(b, b.input("attention_mask", (batch, s), "int64"))
@@ -60,8 +63,11 @@ def build_bert(cfg: BertConfig, w: WeightSource, batch: int = 1, seq_len: int | 
     for i in range(cfg.layers):
         x = bert_layer(b, w, x, i, cfg, mask)
     b.output(x, "last_hidden_state")
+    p = None
     if cfg.pooler:
         p = b.op("Tanh", [linear(b, w, first_token(b, x, "pooler"), "pooler.dense", cfg.hidden, cfg.hidden)],
                  name="pooler")
         b.output(p, "pooler_output")
+    if cfg.task is not None:
+        bert_head(b, w, cfg.task, x, p, cfg.hidden, cfg.eps, cfg.act)
     return b.build()

@@ -6,11 +6,13 @@ from tremula.ir.builder import GraphBuilder
 from tremula.ir.graph import Graph
 from tremula.models.blocks import first_token, layer_norm, patch_embed, pre_ln_layer, prepend
 from tremula.models.configs import VisionConfig
+from tremula.models.heads import check_head, vision_head
 from tremula.models.vision import CLIP_LAYER, pixel_input
 from tremula.models.weights import WeightSource
 
 
 def build_clip(cfg: VisionConfig, w: WeightSource, batch: int = 1, name: str = "clip", seed: int = 0) -> Graph:
+    check_head("clip", cfg.task)
     b = GraphBuilder(name, seed)
     d = cfg.hidden
     x = patch_embed(b, w, pixel_input(b, cfg, batch), "embeddings.patch_embedding", cfg.channels, cfg.patch, d,
@@ -24,5 +26,8 @@ def build_clip(cfg: VisionConfig, w: WeightSource, batch: int = 1, name: str = "
     for i in range(cfg.layers):
         x = pre_ln_layer(b, w, x, f"encoder.layers.{i}", CLIP_LAYER, d, cfg.mlp, cfg.heads, cfg.eps, cfg.act)
     b.output(x, "last_hidden_state")
-    b.output(layer_norm(b, w, first_token(b, x, "pooler"), "post_layernorm", d, cfg.eps), "pooler_output")
+    p = layer_norm(b, w, first_token(b, x, "pooler"), "post_layernorm", d, cfg.eps)
+    b.output(p, "pooler_output")
+    if cfg.task is not None:
+        vision_head(b, w, cfg.task, "clip", x, p, d)
     return b.build()

@@ -28,6 +28,29 @@ def activation(hf_name: str) -> str:
 
 
 @dataclass(frozen=True)
+class TaskHead:
+    """A task head on top of a base model, as the transformers class named in config.json's `architectures` has it.
+
+    kind: "lm" (GPT-2: logits over the vocabulary from ln_f), "mlm" (BERT: transform + decoder per token),
+    "seq_cls" (BERT: classifier on the pooler output), "token_cls" (BERT: classifier per token), "image_cls"
+    (ViT: classifier on the CLS token after the final LayerNorm), "image_cls_mean" (SigLIP / CLIP: classifier on the
+    mean of the tokens, CLIP's CLS excluded), "projection" (CLIP: visual_projection of the pooled output).
+    Heads add an output (`logits`, or `image_embeds` for "projection"); the base model's outputs stay."""
+
+    kind: str
+    size: int  # vocabulary, number of labels or projection width
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise TremulaError(f"unknown task head {self.kind!r} (known: {', '.join(HEAD_KINDS)})")
+        if self.size < 1:
+            raise TremulaError(f"task head {self.kind!r} needs a positive width, got {self.size}")
+
+
+HEAD_KINDS = ("lm", "mlm", "seq_cls", "token_cls", "image_cls", "image_cls_mean", "projection")
+
+
+@dataclass(frozen=True)
 class VisionConfig:
     """A ViT-style image encoder. family: "vit" (CLS + post-LN + tanh pooler), "siglip" (no CLS, post-LN,
     attention-pooling head), "clip" (CLS, pre-LN before the encoder, post-LN on the pooled CLS only)."""
@@ -44,6 +67,7 @@ class VisionConfig:
     channels: int = 3
     head: bool = True  # ViT pooler / SigLIP attention-pooling head (CLIP always pools the CLS token)
     qkv_bias: bool = True
+    task: TaskHead | None = None  # image_cls (ViT), image_cls_mean (SigLIP, CLIP), projection (CLIP)
 
     def __post_init__(self) -> None:
         if self.family not in ("vit", "siglip", "clip"):
@@ -76,6 +100,7 @@ class BertConfig:
     eps: float = 1e-12
     act: str = "gelu"
     pooler: bool = True
+    task: TaskHead | None = None  # mlm, seq_cls (needs the pooler), token_cls
 
     def __post_init__(self) -> None:
         _check_heads(self.hidden, self.heads)
@@ -96,6 +121,7 @@ class GPT2Config:
     act: str = "gelu_tanh"
     scale_attn: bool = True  # divide scores by sqrt(head_dim) (HF scale_attn_weights)
     scale_by_inverse_layer: bool = False  # and by layer index + 1 (HF scale_attn_by_inverse_layer_idx)
+    task: TaskHead | None = None  # lm
 
     def __post_init__(self) -> None:
         _check_heads(self.hidden, self.heads)

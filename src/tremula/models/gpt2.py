@@ -6,6 +6,7 @@ from tremula.ir.builder import GraphBuilder
 from tremula.ir.graph import Graph
 from tremula.models.blocks import attention, layer_norm, linear, mlp
 from tremula.models.configs import GPT2Config, check_seq
+from tremula.models.heads import check_head, gpt2_head
 from tremula.models.weights import WeightSource
 
 
@@ -26,9 +27,10 @@ def gpt2_layer(b: GraphBuilder, w: WeightSource, x: str, i: int, cfg: GPT2Config
 
 def build_gpt2(cfg: GPT2Config, w: WeightSource, batch: int = 1, seq_len: int | None = None, name: str = "gpt2",
                seed: int = 0) -> Graph:
-    """Input input_ids int64 [B, S]; output last_hidden_state [B, S, D] (no LM head)."""
+    """Input input_ids int64 [B, S]; output last_hidden_state [B, S, D] and, with the LM head, logits [B, S, V]."""
     s = seq_len or cfg.seq
     check_seq(s, cfg.max_positions)
+    check_head("gpt2", cfg.task)
     b = GraphBuilder(name, seed)
     ids = b.input("input_ids", (batch, s), "int64")
     x = b.op("Gather", [w.get(b, "wte.weight", (cfg.vocab, cfg.hidden)), ids], name="wte", axis=0)
@@ -37,5 +39,8 @@ def build_gpt2(cfg: GPT2Config, w: WeightSource, batch: int = 1, seq_len: int | 
     x = b.op("Add", [x, pos], name="embeddings")
     for i in range(cfg.layers):
         x = gpt2_layer(b, w, x, i, cfg)
-    b.output(layer_norm(b, w, x, "ln_f", cfg.hidden, cfg.eps), "last_hidden_state")
+    x = layer_norm(b, w, x, "ln_f", cfg.hidden, cfg.eps)
+    b.output(x, "last_hidden_state")
+    if cfg.task is not None:
+        gpt2_head(b, w, cfg.task, x, cfg.hidden)
     return b.build()

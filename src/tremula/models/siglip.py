@@ -6,6 +6,7 @@ from tremula.ir.builder import GraphBuilder
 from tremula.ir.graph import Graph
 from tremula.models.blocks import attention, first_token, layer_norm, linear, mlp, patch_embed, pre_ln_layer
 from tremula.models.configs import VisionConfig
+from tremula.models.heads import check_head, vision_head
 from tremula.models.vision import CLIP_LAYER, pixel_input
 from tremula.models.weights import WeightSource
 
@@ -41,6 +42,7 @@ def pooling_head(b: GraphBuilder, w: WeightSource, x: str, cfg: VisionConfig) ->
 
 
 def build_siglip(cfg: VisionConfig, w: WeightSource, batch: int = 1, name: str = "siglip", seed: int = 0) -> Graph:
+    check_head("siglip", cfg.task)
     b = GraphBuilder(name, seed)
     d = cfg.hidden
     x = patch_embed(b, w, pixel_input(b, cfg, batch), "embeddings.patch_embedding", cfg.channels, cfg.patch, d)
@@ -53,4 +55,6 @@ def build_siglip(cfg: VisionConfig, w: WeightSource, batch: int = 1, name: str =
     b.output(x, "last_hidden_state")
     if cfg.head:
         b.output(pooling_head(b, w, x, cfg), "pooler_output")
+    if cfg.task is not None:
+        vision_head(b, w, cfg.task, "siglip", x, None, d)
     return b.build()

@@ -6,11 +6,13 @@ from tremula.ir.builder import GraphBuilder
 from tremula.ir.graph import Graph
 from tremula.models.blocks import first_token, layer_norm, linear, patch_embed, pre_ln_layer, prepend
 from tremula.models.configs import VisionConfig
+from tremula.models.heads import check_head, vision_head
 from tremula.models.vision import VIT_LAYER, pixel_input
 from tremula.models.weights import WeightSource
 
 
 def build_vit(cfg: VisionConfig, w: WeightSource, batch: int = 1, name: str = "vit", seed: int = 0) -> Graph:
+    check_head("vit", cfg.task)
     b = GraphBuilder(name, seed)
     d = cfg.hidden
     x = patch_embed(b, w, pixel_input(b, cfg, batch), "embeddings.patch_embeddings.projection", cfg.channels,
@@ -22,7 +24,10 @@ def build_vit(cfg: VisionConfig, w: WeightSource, batch: int = 1, name: str = "v
                          cfg.qkv_bias)
     x = layer_norm(b, w, x, "layernorm", d, cfg.eps)
     b.output(x, "last_hidden_state")
+    p = None
     if cfg.head:
         p = b.op("Tanh", [linear(b, w, first_token(b, x, "pooler"), "pooler.dense", d, d)], name="pooler")
         b.output(p, "pooler_output")
+    if cfg.task is not None:
+        vision_head(b, w, cfg.task, "vit", x, p, d)
     return b.build()

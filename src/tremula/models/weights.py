@@ -40,6 +40,7 @@ class CheckpointWeights:
     def __init__(self, fetch: Callable[[str], np.ndarray | None], where: str):
         self.fetch = fetch  # HF name → array, or None when absent
         self.where = where  # the folder, for error messages
+        self.used: set[str] = set()  # HF names read into the graph, so a frontend can tell what it left out
 
     def has(self, hf_name: str) -> bool:
         return self.fetch(hf_name) is not None
@@ -50,6 +51,7 @@ class CheckpointWeights:
         arr = self.fetch(hf_name)
         if arr is None:
             raise TremulaError(f"tensor {hf_name!r} is missing from the checkpoint in {self.where}")
+        self.used.add(hf_name)
         if tuple(arr.shape) != hf_shape:
             raise TremulaError(
                 f"tensor {hf_name!r} in {self.where} has shape {list(arr.shape)}, config.json implies {list(hf_shape)}"

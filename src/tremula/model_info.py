@@ -30,9 +30,19 @@ class ModelInfo:
     flops: int
     nodes: int
     ops: list[OpRow] = field(default_factory=list)
+    batch: int | None = None  # the batch the graph really has (model_batch), whatever was asked
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def model_batch(graph: Graph) -> int | None:
+    """The batch a graph really has: the first dim all its inputs share (None when they disagree or have none).
+
+    Frontends put the batch first on every input (a fixed-batch ONNX file at its own batch or rebatched), so this is
+    what reports must state, not the batch that was asked for."""
+    firsts = {graph.types[i].shape[0] for i in graph.inputs if graph.types[i].shape}
+    return firsts.pop() if len(firsts) == 1 else None
 
 
 MAX_SHAPES_SHOWN = 3  # distinct shapes listed per op; the rest are counted
@@ -78,4 +88,5 @@ def describe(graph: Graph) -> ModelInfo:
         flops=total,
         nodes=len(graph.nodes),
         ops=rows,
+        batch=model_batch(graph),
     )

@@ -11,8 +11,9 @@ import onnx.inliner  # a submodule: not loaded by `import onnx`
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from tremula.errors import TremulaError
-from tremula.frontends.onnx_ops import CONVERTERS, MAX_OPSET, MIN_OPSET, ONode, Unsupported, np_dtype
+from tremula.errors import TremulaError, notice
+from tremula.frontends.onnx_ops import CONVERTERS, MAX_OPSET, MIN_OPSET, ONode, Unsupported, malformed, np_dtype
+from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.ir.graph import Constant, Graph, Node, TensorType
 from tremula.ir.interp import infer_types
 from tremula.ir.ops import infer, rule
@@ -21,6 +22,10 @@ from tremula.ir.ops import infer, rule
 _SEQ_NAME = re.compile(r"seq|length|len\b|tokens|sequence", re.IGNORECASE)
 # Folding makes constants; a folded value bigger than this stays a node, so a broadcast mask cannot eat the memory.
 FOLD_LIMIT_ELEMENTS = 1 << 24
+
+
+class EmptyValue(TremulaError):
+    """A node of the model makes a run-time value with zero elements (a Reshape or Slice to nothing)."""
 
 
 class ImportState:
@@ -99,6 +104,9 @@ class ImportState:
                 self.set_const(o, np.asarray(r).astype(t.dtype).reshape(t.shape))
             return outputs[0]
         for o, t in zip(outputs, out_types):
+            if 0 in t.shape:  # a run-time value with no elements: nothing to place, every split divides by zero
+                raise EmptyValue(f"value {o!r} ({op} at ONNX node {self.node_name or o!r}) would have zero "
+                                 f"elements ({t}); tremula compiles tensors with at least one element")
             self.types[o] = t
         self.nodes.append(Node(op, inputs, list(outputs), dict(attrs), self._node_label(outputs[0])))
         return outputs[0]
@@ -140,6 +148,8 @@ def load_onnx_model(path: str | Path) -> onnx.ModelProto:
         raise TremulaError(f"{path}: cannot read the model or its external data: {_first_line(e)}") from None
     if model.ir_version <= 0 or not model.graph.output or not model.opset_import:
         raise TremulaError(f"{path} does not look like an ONNX model (no IR version, graph outputs or opset)")
+    if (why := malformed(model)) is not None:  # before anything trusts its names or dims
+        raise TremulaError(f"{path} is not a valid ONNX file ({why}); re-export it")
     return model
 
 
@@ -191,10 +201,11 @@ def _is_token_dim(inp: onnx.ValueInfoProto, k: int) -> bool:
     return k == 1 and len(tt.shape.dim) == 2 and tt.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 
 
-def fix_input_dims(model: onnx.ModelProto, batch: int, seq_len: int | None) -> None:
+def fix_input_dims(model: onnx.ModelProto, batch: int, seq_len: int | None) -> int:
     """Give every dynamic input dim a value: the first dim <- batch, a sequence-like name <- seq_len.
 
-    A symbol resolved once (e.g. `s0` as dim 0) takes the same value wherever else it appears.
+    A symbol resolved once (e.g. `s0` as dim 0) takes the same value wherever else it appears. Returns how many dims
+    took seq_len.
     """
     inits = _initializer_names(model)
     inputs = [i for i in model.graph.input if i.name not in inits]
@@ -204,6 +215,7 @@ def fix_input_dims(model: onnx.ModelProto, batch: int, seq_len: int | None) -> N
         if dims and not dims[0].HasField("dim_value") and dims[0].dim_param:
             symbols.setdefault(dims[0].dim_param, batch)
     unresolved: list[str] = []
+    took_seq = 0
     for inp in inputs:
         if not inp.type.HasField("tensor_type"):
             raise TremulaError(f"model input {inp.name!r} is not a tensor; tremula imports tensor inputs only")
@@ -217,6 +229,7 @@ def fix_input_dims(model: onnx.ModelProto, batch: int, seq_len: int | None) -> N
                 value = batch
             elif seq_len is not None and (sym and _SEQ_NAME.search(sym) or _is_token_dim(inp, k)):
                 value = seq_len
+                took_seq += 1
             else:
                 unresolved.append(f"{inp.name}[{k}]" + (f" ({sym})" if sym else ""))
                 continue
@@ -227,6 +240,7 @@ def fix_input_dims(model: onnx.ModelProto, batch: int, seq_len: int | None) -> N
     if unresolved:
         hint = "set --seq-len" if seq_len is None else "re-export the model with static shapes for these dims"
         raise TremulaError(f"dynamic input dims with no value: {', '.join(unresolved)}; {hint}")
+    return took_seq
 
 
 def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -257,10 +271,53 @@ def _copy_without_weights(model: onnx.ModelProto, m: onnx.ModelProto) -> None:
             g.initializer.append(t)
 
 
+def _exporter_flags(first_input: str, axis: int, label: str) -> str:
+    return (f"re-export with a dynamic {label}: dynamic_axes={{{first_input!r}: {{{axis}: {label!r}}}}} in "
+            "torch.onnx.export (legacy exporter), or dynamic_shapes= with dynamo=True")
+
+
+def fixed_dims(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, int]]:
+    """The dims an exporter wrote as numbers: (input -> its fixed first dim, only when no input leaves its first dim
+    dynamic; "input[1]" -> the fixed token dim of each [batch, tokens] integer input)."""
+    inits = _initializer_names(model)
+    batch: dict[str, int] = {}
+    seq: dict[str, int] = {}
+    dynamic = False
+    for inp in model.graph.input:
+        if inp.name in inits or not inp.type.HasField("tensor_type"):
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        if not dims:
+            continue
+        if dims[0].HasField("dim_value"):
+            batch[inp.name] = dims[0].dim_value
+        else:
+            dynamic = True
+        if _is_token_dim(inp, 1) and dims[1].HasField("dim_value"):
+            seq[f"{inp.name}[1]"] = dims[1].dim_value
+    return ({} if dynamic else batch), seq
+
+
+def own_batch(fixed: dict[str, int]) -> int | None:
+    """The one batch the fixed first dims agree on (None when there are none or they disagree)."""
+    values = set(fixed.values())
+    return values.pop() if len(values) == 1 else None
+
+
+def fixed_batch(path: str | Path) -> int | None:
+    """The batch an ONNX file fixes, read from its inputs only (None when dynamic or unreadable: the import says
+    why)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - any failure is reported by the real import
+        return None
+    return own_batch(fixed_dims(model)[0])
+
+
 def _inferred_types(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], int]]:
     try:
         inferred = onnx.shape_inference.infer_shapes(_inference_copy(model), strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError) as e:
         raise TremulaError(f"ONNX shape inference rejects the model: {_first_line(e)}") from None
     out = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
@@ -324,6 +381,8 @@ def _convert(model: onnx.ModelProto, opset: int, inits: set[str]) -> ImportState
                 st.node_name,
             )
             CONVERTERS[(node.op_type, since)](st, onode)
+        except EmptyValue:
+            raise
         except (Unsupported, TremulaError) as e:
             problems[f"{node.op_type} (opset {opset}) at {st.node_name}: {e}"] = None
             poisoned.update(node.output)
@@ -377,10 +436,15 @@ def _cross_check(g: Graph, inferred: dict[str, tuple[tuple[int, ...], int]]) -> 
             raise TremulaError(f"internal import error: {name} is {t} here but ONNX infers {dtype}{list(shape)}")
 
 
-def import_onnx(path: str | Path, batch: int = 1, seq_len: int | None = None) -> Graph:
-    """Read an ONNX model (default-domain opsets 13-21) into a Graph with static shapes and canonical ops."""
+def import_onnx(path: str | Path, batch: int | None = None, seq_len: int | None = None) -> Graph:
+    """Read an ONNX model (default-domain opsets 13-21) into a Graph with static shapes and canonical ops.
+
+    batch=None is the model's own batch when its inputs fix one, else 1. A model exported with a fixed batch is
+    imported at that batch and rebatched (frontends/rebatch.py) when another is asked, or refused (FixedBatch) when
+    some op ties it to its batch; a fixed sequence length is never changed: another --seq-len is refused.
+    """
     path = Path(path)
-    if batch < 1 or (seq_len is not None and seq_len < 1):
+    if (batch is not None and batch < 1) or (seq_len is not None and seq_len < 1):
         raise TremulaError(f"batch ({batch}) and seq_len ({seq_len}) must be positive")
     model = load_onnx_model(path)
     opset = _default_opset(model, path)
@@ -390,12 +454,47 @@ def import_onnx(path: str | Path, batch: int = 1, seq_len: int | None = None) ->
         except Exception as e:  # noqa: BLE001 - the inliner reports malformed functions with several exception types
             raise TremulaError(f"{path}: cannot inline its local functions: {_first_line(e)}") from None
     _check_supported(model, opset)
-    fix_input_dims(model, batch, seq_len)
-    inferred = _inferred_types(model)
+    fixed, fixed_seq = fixed_dims(model)
+    own = own_batch(fixed)
+    dims = ", ".join(f"{k}[0] = {v}" for k, v in fixed.items())
+    if batch is not None and fixed and own is None:
+        raise TremulaError(f"{path.name}: its inputs fix different first dims ({dims}), so it has no one batch to "
+                           "change; leave --batch out")
+    wrong = {k: v for k, v in fixed_seq.items() if seq_len is not None and v != seq_len}
+    if wrong:
+        first = next(iter(wrong)).split("[")[0]
+        raise TremulaError(f"{path.name} was exported with a fixed sequence length "
+                           f"({', '.join(f'{k} = {v}' for k, v in wrong.items())}); tremula does not change it, so "
+                           f"--seq-len {seq_len} cannot apply: leave --seq-len out or "
+                           f"{_exporter_flags(first, 1, 'sequence')}")
+    took_seq = fix_input_dims(model, own or (1 if batch is None else batch), seq_len)
+    if seq_len is not None and not took_seq and not fixed_seq:
+        notice(f"--seq-len {seq_len} changes nothing in {path.name}: none of its inputs has a sequence dim")
     inits = _initializer_names(model)
     inputs = [i.name for i in model.graph.input if i.name not in inits]
+    _refuse_empty_inputs(model, inits)
+    inferred = _inferred_types(model)
     outputs = [o.name for o in model.graph.output]
     st = _convert(model, opset, inits)
     graph = _finish(st, model.graph.name or path.stem, inputs, outputs)
     _cross_check(graph, inferred)
+    if own is not None and batch is not None and batch != own:
+        try:
+            graph = rebatch(graph, batch)
+        except CannotRebatch as e:
+            raise FixedBatch(f"{path.name} was exported with a fixed batch of {own} ({dims}) and cannot be "
+                             f"rebatched to {batch}: {e}. Use --batch {own} (or leave --batch out), or "
+                             f"{_exporter_flags(inputs[0], 0, 'batch')}") from None
+        # Said once per run: the text does not name the batch, which a batch search changes at every probe.
+        notice(f"{path.name} was exported with a fixed batch of {own} ({dims}); tremula rewrote its batch dim "
+               "(every op allows it)")
     return graph
+
+
+def _refuse_empty_inputs(model: onnx.ModelProto, inits: set[str]) -> None:
+    """Zero-size dims give values with nothing to place or divide among tiles: refused at the input naming it."""
+    for inp in model.graph.input:
+        dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        if inp.name not in inits and 0 in dims:
+            raise TremulaError(f"model input {inp.name!r} has a zero-size dim (shape {dims}); tremula compiles "
+                               "tensors with at least one element: give every dim a positive size")

@@ -7,13 +7,19 @@ unless TREMULA_DEBUG=1 is set.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import time
+import unicodedata
+import zipfile
 import warnings
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tremula.errors import TremulaError, TremulaNotice
@@ -24,9 +30,54 @@ app = typer.Typer(
     help="Compile and simulate transformer inference on Graphcore IPUs and IPU-like tile machines.",
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False)
+PIPED_WIDTH = 10_000  # columns when stdout is a pipe or file: tables keep whole rows (`tremula chips | cat`)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console that wraps to the terminal's width, but not to rich's 80-column default when not on a terminal
+    (a COLUMNS the user sets still wins)."""
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPED_WIDTH
+    return console
+
+
+out = _console()
 _default_showwarning = warnings.showwarning
-err = Console(stderr=True, highlight=False)
+err = _console(stderr=True)
+# Characters that would act on the terminal instead of showing: controls (ESC, CR, C1), format characters (bidi
+# overrides), line/paragraph separators, and the surrogates a file name's undecodable bytes become.
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def printable(text: object) -> str:
+    """`text` with every character that would act on the terminal shown as its escape (ESC as \\x1b, U+202E as
+    \\u202e), so a name from a model file can neither recolour the terminal nor break a line in two."""
+    s = str(text)
+    if s.isprintable():  # the common case: nothing to escape
+        return s
+    return "".join(_escape_char(ch) if unicodedata.category(ch) in _HIDDEN else ch for ch in s)
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(ch: str) -> str:
+    if ch in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def safe(text: object) -> str:
+    """User-controlled text (model, node, input and chip names, paths) for a line that rich reads as markup: shown
+    as written, never as markup ("[bold]") or terminal control."""
+    return escape(printable(text))
+
+
+def _print_json(data: Any) -> None:
+    # ensure_ascii: rich re-encodes the JSON; without it C1 controls (U+009B is CSI) would reach the terminal raw.
+    out.print_json(json.dumps(data), ensure_ascii=True)
 
 
 def human(n: float, unit: str = "") -> str:
@@ -44,7 +95,7 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _load(model: str, batch: int, seq_len: Optional[int], fuse: bool = True):
+def _load(model: str, batch: Optional[int], seq_len: Optional[int], fuse: bool = True):
     from tremula.frontends import load_model
 
     graph = load_model(model, batch=batch, seq_len=seq_len)
@@ -62,14 +113,23 @@ def chips(json_out: bool = typer.Option(False, "--json", help="Print JSON instea
 
     rows = chip_rows([load_chip(n) for n in builtin_chip_names()])
     if json_out:
-        out.print_json(json.dumps(rows))
+        _print_json(rows)
         return
     table = Table(title="Built-in chips (sources in each chip file)")
     for key in rows[0]:
         table.add_column(key, justify="left" if key in ("name", "arch") else "right")
     for r in rows:
-        table.add_row(*(str(v) for v in r.values()))
+        table.add_row(*(safe(_chip_cell(k, v)) for k, v in r.items()))
     out.print(table)
+
+
+def _chip_cell(key: str, value: Any) -> str:
+    """A chip_rows value as the table shows it: at the precision of its column, '-' where the chip lacks it."""
+    from tremula.chip import CHIP_ROW_FORMATS
+
+    if value is None:
+        return "-"
+    return format(value, CHIP_ROW_FORMATS[key]) if key in CHIP_ROW_FORMATS else str(value)
 
 
 @app.command()
@@ -82,14 +142,15 @@ def zoo() -> None:
     for key in rows[0]:
         table.add_column(key)
     for r in rows:
-        table.add_row(*(str(v) for v in r.values()))
+        table.add_row(*(safe(v) for v in r.values()))
     out.print(table)
 
 
 @app.command("inspect")
 def inspect_cmd(
     model: str = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name."),
-    batch: int = typer.Option(1, "--batch", min=1, help="Batch size for dynamic or zoo inputs."),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1,
+                                        help="Batch size (default: the model's own, else 1)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     fuse: bool = typer.Option(True, "--fuse/--no-fuse", help="Run the canonicalising passes first."),
@@ -99,12 +160,12 @@ def inspect_cmd(
 
     info = describe(_load(model, batch, seq_len, fuse))
     if json_out:
-        out.print_json(json.dumps(info.to_json()))
+        _print_json(info.to_json())
         return
-    out.print(f"[bold]{info.name}[/bold]  batch {batch}")
+    out.print(f"[bold]{safe(info.name)}[/bold]  batch {info.batch if info.batch is not None else '-'}")
     for kind, vals in (("input", info.inputs), ("output", info.outputs)):
         for name, t in vals:
-            out.print(f"  {kind:6} {name}: {t}")
+            out.print(f"  {kind:6} {safe(name)}: {safe(t)}")
     out.print(
         f"  params {human(info.params)} ({human_bytes(info.param_bytes)}"
         f"{', lazy' if info.lazy_params else ''})   FLOPs/forward {human(info.flops, 'FLOP')}   nodes {info.nodes}"
@@ -114,8 +175,8 @@ def inspect_cmd(
                       ("input shapes", "left"), ("output shapes", "left")):
         table.add_column(col, justify=just)
     for r in info.ops:
-        table.add_row(r.op, str(r.count), human(r.flops), f"{r.percent:.1f}", human(r.params),
-                      "\n".join(r.in_shapes), "\n".join(r.out_shapes))
+        table.add_row(safe(r.op), str(r.count), human(r.flops), f"{r.percent:.1f}", human(r.params),
+                      "\n".join(map(safe, r.in_shapes)), "\n".join(map(safe, r.out_shapes)))
     out.print(table)
 
 
@@ -126,8 +187,10 @@ class _Bar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=err, transient=True, disable=not enabled)
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err, transient=True,
+                                 disable=not enabled)
         self.tasks: dict[str, int] = {}
+        self.started: dict[str, float] = {}
 
     def __enter__(self):
         self.progress.__enter__()
@@ -138,13 +201,17 @@ class _Bar:
 
     def __call__(self, label: str, done: int, total: int) -> None:
         if label not in self.tasks:
-            self.tasks[label] = self.progress.add_task(label, total=total)
-        self.progress.update(self.tasks[label], completed=done, total=total)
+            self.tasks[label] = self.progress.add_task(label, total=total, rate="")
+            self.started[label] = time.perf_counter()
+        elapsed = time.perf_counter() - self.started[label]
+        rate = f"{done / elapsed:.1f} {'steps' if label == 'simulate' else 'items'}/s" if done and elapsed > 0 else ""
+        self.progress.update(self.tasks[label], completed=done, total=total, rate=rate)
 
 
-def _batch_arg(batch: str) -> int | str:
-    if batch == "auto":
-        return "auto"
+def _batch_arg(batch: Optional[str]) -> int | str | None:
+    """None (no --batch): the model's own batch, else 1 (compiler.compile_model)."""
+    if batch is None or batch == "auto":
+        return batch
     if not batch.isdigit() or int(batch) < 1:
         raise TremulaError(f"--batch must be a positive integer or 'auto' (got {batch!r})")
     return int(batch)
@@ -189,24 +256,131 @@ def _mfu(res, chip, model: str, seq_len) -> float:
 # Parameters that compile and check share (typer reads these default objects; each command gets its own value).
 MODEL_ARG = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name.")
 CHIP_OPT = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file.")
-BATCH_OPT = typer.Option("1", "--batch", help="Batch size, or 'auto' for the largest that fits.")
+BATCH_OPT = typer.Option(None, "--batch", help="Batch size, or 'auto' for the largest that fits "
+                                              "(default: the model's own, else 1).")
 DTYPE_OPT = typer.Option("fp32", "--dtype", help="fp32, fp16, or fp8 (FP8 matmul operands, FP16 elsewhere).")
 CALIB_OPT = typer.Option(None, "--calibration",
                          help="fp8: calibration inputs, an .npz of input name -> array or an .npy for a one-input "
-                              "model (default: one seeded sample).")
+                              "model (default: four seeded samples).")
+
+
+def _dtype_arg(dtype: str, calibration: Optional[str]) -> str:
+    """--dtype in any case (chip names are case-insensitive too); --calibration only where it does something."""
+    key = dtype.strip().lower()
+    if key not in ("fp32", "fp16", "fp8"):
+        raise TremulaError(f"unsupported --dtype {dtype!r}: use fp32, fp16 or fp8")
+    if calibration is not None and key != "fp8":
+        raise TremulaError(f"--calibration applies to --dtype fp8 only (it sets FP8 activation scales); "
+                           f"drop it at {key}")
+    return key
 
 
 def _calibration(path: Optional[str]) -> dict | None:
-    """The user's calibration inputs: '' names the only input of a one-input model (an .npy file)."""
+    """The user's calibration inputs, read as data: '' names the only input of a one-input model (an .npy file).
+
+    Only the file is judged here: a .npy or .npz of plain numeric arrays with a batch dimension, whole, that fits in
+    the host's memory; the compiler checks the arrays against the model."""
     if path is None:
         return None
+    if not path.strip():
+        raise TremulaError("--calibration needs a file name (got an empty path)")
+    if Path(path).is_dir():
+        raise _unreadable(path, "it is a folder; give an .npz or .npy file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise _unreadable(path, e.strerror or str(e)) from None
+    if magic == b"\x93NUMPY":
+        headers = {"": _npy_header(path)}
+    elif magic[:4] == b"PK\x03\x04" or magic[:4] == b"PK\x05\x06":  # a zip archive (an empty one starts PK\5\6)
+        headers = _npz_headers(path)
+    else:
+        raise _unreadable(path, "not a NumPy .npy or .npz file (write them with numpy.save or numpy.savez)")
+    _check_fits_in_memory(path, headers)
+    return _load_arrays(path, is_npz=magic[:2] == b"PK")
+
+
+def _npy_header(path: str, zf: Optional[zipfile.ZipFile] = None, member: str = "") -> tuple[tuple[int, ...], Any]:
+    """(shape, dtype) of one .npy (the file, or `member` of the .npz open as `zf`), from its header alone, refused
+    unless it is a numeric array of at least one dimension whose bytes are all there."""
+    from numpy.lib import format as npy
+
+    where = f"{path}" if zf is None else f"{path} (array {member!r})"
+    try:
+        with (open(path, "rb") if zf is None else zf.open(member)) as f:
+            version = npy.read_magic(f)
+            read = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f"unsupported .npy format version {version}")
+            shape, _, dtype = read(f)
+            available = (os.fstat(f.fileno()).st_size if zf is None else zf.getinfo(member).file_size) - f.tell()
+    except Exception as e:  # a stranger's bytes: every failure to parse them is the user's file, not our bug
+        raise _unreadable(where, _first_line(e)) from None
+    if dtype.hasobject:
+        raise _unreadable(where, "it holds Python objects (pickled data), which tremula never loads; save numbers")
+    if dtype.kind not in "biuf":
+        raise _unreadable(where, f"it holds {dtype} values; calibration inputs are numbers")
+    if not shape:
+        raise _unreadable(where, "a 0-d array (a single number); calibration inputs have the batch dimension first")
+    needed = _nbytes(shape, dtype)
+    if available < needed:
+        raise _unreadable(where, f"truncated: shape {list(shape)} of {dtype} needs {needed:,} bytes, the file "
+                                f"holds {max(available, 0):,}")
+    return tuple(shape), dtype
+
+
+def _npz_headers(path: str) -> dict[str, tuple[tuple[int, ...], Any]]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            if not names:
+                raise _unreadable(path, "an empty .npz (no arrays)")
+            odd = [n for n in names if not n.endswith(".npy")]
+            if odd:
+                raise _unreadable(path, f"it holds {odd[0]!r}, which is not a .npy array; write them with numpy.savez")
+            return {n[: -len(".npy")]: _npy_header(path, zf, n) for n in names}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise _unreadable(path, _first_line(e)) from None
+
+
+def _check_fits_in_memory(path: str, headers: dict[str, tuple[tuple[int, ...], Any]]) -> None:
+    """A few compressed bytes can declare gigabytes: refuse what the host could not hold before reading it."""
+    needed = sum(_nbytes(shape, dtype) for shape, dtype in headers.values())
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX host: the reading itself will say
+        return
+    if needed > memory:
+        raise _unreadable(path, f"it declares {human_bytes(needed)} of arrays, more than this host's "
+                                f"{human_bytes(memory)} of memory")
+
+
+def _load_arrays(path: str, is_npz: bool) -> dict:
     import numpy as np
 
     try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise TremulaError(f"cannot read calibration inputs {path}: {e}") from None
-    return {"": data} if isinstance(data, np.ndarray) else {k: data[k] for k in data.files}
+        if is_npz:
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        return {"": np.load(path, allow_pickle=False)}
+    except Exception as e:  # the headers were fine, the data is not (a bad CRC, a truncated compressed stream)
+        raise _unreadable(path, _first_line(e)) from None
+
+
+def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
+    return math.prod(shape) * dtype.itemsize  # Python ints: a hostile header cannot overflow the count
+
+
+def _unreadable(where: str, reason: str) -> TremulaError:
+    return TremulaError(f"cannot read calibration inputs {where}: {reason}")
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 SEQ_OPT = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models.")
 
 
@@ -214,7 +388,7 @@ SEQ_OPT = typer.Option(None, "--seq-len", min=1, help="Sequence length for text 
 def compile_cmd(
     model: str = MODEL_ARG,
     chip: str = CHIP_OPT,
-    batch: str = BATCH_OPT,
+    batch: Optional[str] = BATCH_OPT,
     dtype: str = DTYPE_OPT,
     seq_len: Optional[int] = SEQ_OPT,
     calibration: Optional[str] = CALIB_OPT,
@@ -228,13 +402,17 @@ def compile_cmd(
     """Plan every tensor onto tiles, lower to a BSP program, and report memory and estimated cycles."""
     from tremula.chip import load_chip
     from tremula.compiler import compile_model
+    from tremula.outputs import check_outputs
     from tremula.program import save_program
 
+    dtype = _dtype_arg(dtype, calibration)
     c = load_chip(chip)
+    # Before any work: an output must not destroy an input, and must be writable now rather than after the compile.
+    check_outputs({"--output": output, "--report": report, "--trace": trace}, model, chip, calibration)
+    calibration_inputs = _calibration(calibration)
     with _Bar(not json_out) as bar:
-        res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar,
-                            calibration=_calibration(calibration))
-    if output:
+        res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar, calibration=calibration_inputs)
+    if output is not None:
         save_program(res.program, output)
     exchanges = None
     if timetable:
@@ -243,7 +421,7 @@ def compile_cmd(
         with _Bar(not json_out) as bar:
             exchanges = schedule_program(res.program, c, progress=bar)
     profile = None
-    if report or trace or json_out:
+    if report is not None or trace is not None or json_out:
         from tremula.frontends import load_model
         from tremula.report import report_paths
 
@@ -251,13 +429,13 @@ def compile_cmd(
         # With timetables the profile charges each exchange its scheduled makespan instead of the planner's bound.
         profile = report_paths(res, graph, c, html=report, trace=trace, model=model, exchanges=exchanges)
     if json_out:
-        out.print_json(json.dumps({"model": model, "chip": c.name, "seconds": res.seconds, **res.summary(),
-                                   "profile": profile.to_json() if profile else None,
-                                   "exchanges": [e.to_json() for e in exchanges or []]}))
+        _print_json({"model": model, "chip": c.name, "seconds": res.seconds, **res.summary(),
+                     "profile": profile.to_json() if profile else None,
+                     "exchanges": [e.to_json() for e in exchanges or []]})
         return
-    out.print(f"[bold]{model}[/bold] on {c.name}")
+    out.print(f"[bold]{safe(model)}[/bold] on {safe(c.name)}")
     for k, v in _summary_rows(res, c):
-        out.print(f"  {k:17} {v}", soft_wrap=True)
+        out.print(f"  {k:17} {safe(v)}", soft_wrap=True)
     if exchanges:
         from tremula.timing.program_schedule import cycles_with_timetables, summarize, timetable_line
 
@@ -266,7 +444,7 @@ def compile_cmd(
         out.print(f"  total cycles with scheduled exchanges: {scheduled:,} (vs {res.cycles:,} with bounds)",
                   soft_wrap=True)
         if profile is not None and profile.exchange_code is not None:
-            out.print(f"  {profile.exchange_code.sentence()}", soft_wrap=True)
+            out.print(f"  {safe(profile.exchange_code.sentence())}", soft_wrap=True)
             if profile.exchange_code.peak_tile_bytes > c.sram_bytes_per_tile:  # the plan's estimate was too low
                 out.print(f"  [bold]warning[/bold]: with the timetables' exchange code tile "
                           f"{profile.exchange_code.peak_tile} would need {profile.exchange_code.peak_tile_bytes:,} of "
@@ -277,20 +455,20 @@ def compile_cmd(
         from tremula.report import explain
 
         for line in explain(profile, c)[:3]:
-            out.print(f"  why: {line}", soft_wrap=True)
+            out.print(f"  why: {safe(line)}", soft_wrap=True)
     for label, path in (("program", output), ("report", report), ("trace", trace)):
-        if path:
-            out.print(f"  {label} written to {path}")
+        if path is not None:
+            out.print(f"  {label} written to {safe(path)}", soft_wrap=True)
 
 
 @app.command("check")
 def check_cmd(
     model: str = MODEL_ARG,
     chip: str = CHIP_OPT,
-    batch: str = BATCH_OPT,
+    batch: Optional[str] = BATCH_OPT,
     dtype: str = DTYPE_OPT,
     seq_len: Optional[int] = SEQ_OPT,
-    seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs (a non-negative integer)."),
     calibration: Optional[str] = CALIB_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -298,27 +476,33 @@ def check_cmd(
     from tremula.chip import load_chip
     from tremula.compiler import check_model
 
+    if seed < 0:  # numpy's generators take none, and a one-line answer beats an internal error after the compile
+        raise TremulaError(f"--seed must be a non-negative integer (got {seed})")
+    dtype = _dtype_arg(dtype, calibration)
     c = load_chip(chip)
+    calibration_inputs = _calibration(calibration)
     with _Bar(not json_out) as bar:
         res = check_model(model, c, _batch_arg(batch), dtype, seq_len, seed=seed, progress=bar,
-                          calibration=_calibration(calibration))
+                          calibration=calibration_inputs)
     if json_out:
-        out.print_json(json.dumps({"model": model, "chip": c.name, "passed": res.passed,
-                                   "outputs": [o.__dict__ for o in res.outputs],
-                                   "layers": [x.__dict__ for x in res.layers], **res.compile.summary()}))
+        _print_json({"model": model, "chip": c.name, "passed": res.passed,
+                     "outputs": [o.__dict__ for o in res.outputs], "simulation_seconds": round(res.sim_seconds, 3),
+                     "layers": [x.__dict__ for x in res.layers], **res.compile.summary()})
     else:
-        out.print(f"[bold]{model}[/bold] on {c.name}, batch {res.compile.batch}, {res.compile.dtype} "
+        out.print(f"[bold]{safe(model)}[/bold] on {safe(c.name)}, batch {res.compile.batch}, {res.compile.dtype} "
                   "(against the float32 reference)")
         for o in res.outputs:
             op = "<=" if o.metric == "max_rel_err" else ">="
             mark = "ok" if o.passed else "FAIL"
-            out.print(f"  {o.name:24} cosine {o.cosine:.6f}  max rel err {o.rel_err:.3e}  "
+            out.print(f"  {escape(printable(o.name).ljust(24))} cosine {o.cosine:.6f}  max rel err {o.rel_err:.3e}  "
                       f"({o.metric} needs {op} {o.threshold:g})  {mark}", soft_wrap=True)
         if res.layers:
             out.print(f"  layers that lose most ({len(res.layers)} FP8 Linears; each one's own operand rounding):")
-            width = max(len(x.node) for x in res.layers[:5])
-            for x in res.layers[:5]:
-                out.print(f"    {x.node:{width}}  cosine {x.cosine:.6f}  max rel err {x.rel_err:.3e}", soft_wrap=True)
+            names = [printable(x.node) for x in res.layers[:5]]
+            width = max(map(len, names))
+            for name, x in zip(names, res.layers[:5]):
+                out.print(f"    {escape(name.ljust(width))}  cosine {x.cosine:.6f}  max rel err {x.rel_err:.3e}",
+                          soft_wrap=True)
     if not res.passed:
         raise typer.Exit(1)
 
@@ -328,7 +512,7 @@ def _print_rows(rows: list[dict], title: str) -> None:
     for key in rows[0]:
         table.add_column(key)
     for r in rows:
-        table.add_row(*("-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()))
+        table.add_row(*("-" if v is None else f"{v:.4g}" if isinstance(v, float) else safe(v) for v in r.values()))
     out.print(table)
 
 
@@ -352,9 +536,9 @@ def microbench_amp(
         raise TremulaError(f"--n must be comma-separated integers (got {n!r})") from None
     rows = amp_microbench(load_chip(chip), ns)
     if json_out:
-        out.print_json(json.dumps(rows))
+        _print_json(rows)
     else:
-        _print_rows(rows, f"AMP microbenchmark on {chip} (every tile, FP16 [N,16]x[16,16])")
+        _print_rows(rows, f"AMP microbenchmark on {safe(chip)} (every tile, FP16 [N,16]x[16,16])")
 
 
 @app.command()
@@ -368,14 +552,14 @@ def calibrate(
 
     rows = calibration_rows(include_models=models)
     if json_out:
-        out.print_json(json.dumps(rows))
+        _print_json(rows)
     else:
         _print_rows(rows, "Model vs published measurements (sources in shared reference ipu-hardware.md)")
 
 
 def _show_notice(message, category, filename, lineno, file=None, line=None) -> None:
     if issubclass(category, TremulaNotice):
-        err.print(f"tremula: note: {message}", soft_wrap=True, markup=False)
+        err.print(f"tremula: note: {printable(message)}", soft_wrap=True, markup=False)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)
 
@@ -389,11 +573,11 @@ def main() -> None:
     except TremulaError as e:
         if os.environ.get("TREMULA_DEBUG"):
             raise
-        err.print(f"tremula: error: {e}", soft_wrap=True, markup=False)
+        err.print(f"tremula: error: {printable(e)}", soft_wrap=True, markup=False)
         sys.exit(2)
     except Exception as e:  # an internal error: still one line, with how to get the traceback
         if os.environ.get("TREMULA_DEBUG"):
             raise
-        err.print(f"tremula: internal error: {type(e).__name__}: {e} (set TREMULA_DEBUG=1 for a traceback)",
-                  soft_wrap=True, markup=False)
+        err.print(f"tremula: internal error: {type(e).__name__}: {printable(e)} "
+                  "(set TREMULA_DEBUG=1 for a traceback)", soft_wrap=True, markup=False)
         sys.exit(3)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -22,6 +21,13 @@ _DTYPE_ALIASES = {
     "fp8": "fp8", "float8": "fp8", "quarter": "fp8", "f143": "fp8", "f152": "fp8",
     "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
 }
+
+# Upper bounds on a chip file's numbers: far beyond any tile machine (a C600 has 1,472 tiles of 624 KiB), they keep a
+# hand-written file from asking for arrays of every tile that exhaust the host (2**24 tiles: 5 GiB for one table) or
+# from overflowing the planner's int64 arithmetic (a supervisor cost of 2**63 - 1 cycles did, in plan/finalize.py).
+MAX_TILES = 1 << 20
+MAX_COUNT = 1 << 32  # any other integer: bytes, cycles, units
+MIN_RATE, MAX_RATE = 1.0, 1e18  # clock in Hz, bandwidths in bytes/s: 1/x and x * seconds stay finite
 
 # The AMP pair the vendor's peak figure refers to, per input type (fp16 peaks are quoted for half->half).
 _PEAK_PAIR = {"fp32": "fp32_fp32", "fp16": "fp16_fp16", "fp8": "fp8_fp16"}
@@ -219,7 +225,7 @@ def _parse(text: str, where: str) -> Chip:
         arch=r.choice("arch", ARCHS),
         description=r.string("description"),
         source_path=where,
-        tiles=r.pos_int("tiles"),
+        tiles=r.pos_int("tiles", MAX_TILES),
         sram_bytes_per_tile=r.pos_int("sram_bytes_per_tile"),
         clock_hz=r.pos_float("clock_hz"),
         workers_per_tile=r.pos_int("workers_per_tile"),
@@ -351,12 +357,14 @@ class _Reader:
         v = self._get(dotted)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self._fail(dotted, "an integer", v)
+        if abs(v) > MAX_COUNT:
+            raise self._fail(dotted, f"an integer of magnitude at most {MAX_COUNT:,}", v)
         return v
 
-    def pos_int(self, dotted: str) -> int:
+    def pos_int(self, dotted: str, maximum: int = MAX_COUNT) -> int:
         v = self.integer(dotted)
-        if v <= 0:
-            raise self._fail(dotted, "a positive integer", v)
+        if not 0 < v <= maximum:
+            raise self._fail(dotted, f"a positive integer (at most {maximum:,})", v)
         return v
 
     def nonneg_int(self, dotted: str) -> int:
@@ -367,8 +375,8 @@ class _Reader:
 
     def pos_float(self, dotted: str) -> float:
         v = self._get(dotted)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise self._fail(dotted, "a positive number", v)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not MIN_RATE <= v <= MAX_RATE:
+            raise self._fail(dotted, f"a positive number from {MIN_RATE:g} to {MAX_RATE:g}", v)
         return float(v)
 
     def check_no_unknown_keys(self) -> None:
@@ -394,27 +402,36 @@ def _leaf_keys(node: dict[str, Any], prefix: str = "") -> list[str]:
 # ---- the `tremula chips` table ------------------------------------------------------------------------------------
 
 
-def chip_rows(chips: list[Chip]) -> list[dict[str, str]]:
-    """One display row per chip: sizes, clock, matmul peaks ('-' where the chip lacks the type), bandwidths."""
+# The precision each chip_rows column is shown at; chip_rows rounds to it, so JSON and the table agree.
+CHIP_ROW_FORMATS = {"SRAM/tile KiB": "g", "SRAM MiB": ".1f", "clock GHz": ".3f", "FP32 TFLOP/s": ".1f",
+                    "FP16 TFLOP/s": ".1f", "FP8 TFLOP/s": ".1f", "exchange GB/s/tile": ".2f", "host GB/s": ".1f"}
+
+
+def chip_rows(chips: list[Chip]) -> list[dict[str, str | int | float | None]]:
+    """One row per chip: sizes, clock, matmul peaks (None where the chip lacks the type), bandwidths, as numbers
+    rounded to the precision CHIP_ROW_FORMATS shows them at."""
     rows = []
     for c in chips:
 
-        def peak(d: str, c: Chip = c) -> str:
-            return f"{c.peak_flops(d) / 1e12:.1f}" if c.supports(d) else "-"
+        def shown(key: str, value: float) -> float:
+            return float(format(value, CHIP_ROW_FORMATS[key]))
+
+        def peak(d: str, c: Chip = c) -> float | None:
+            return shown(f"{d.upper()} TFLOP/s", c.peak_flops(d) / 1e12) if c.supports(d) else None
 
         rows.append(
             {
                 "name": c.name,
                 "arch": c.arch,
-                "tiles": str(c.tiles),
-                "SRAM/tile KiB": f"{c.sram_bytes_per_tile / 1024:g}",
-                "SRAM MiB": f"{c.total_sram_bytes / 2**20:.1f}",
-                "clock GHz": f"{c.clock_hz / 1e9:.3f}",
+                "tiles": c.tiles,
+                "SRAM/tile KiB": shown("SRAM/tile KiB", c.sram_bytes_per_tile / 1024),
+                "SRAM MiB": shown("SRAM MiB", c.total_sram_bytes / 2**20),
+                "clock GHz": shown("clock GHz", c.clock_hz / 1e9),
                 "FP32 TFLOP/s": peak("fp32"),
                 "FP16 TFLOP/s": peak("fp16"),
                 "FP8 TFLOP/s": peak("fp8"),
-                "exchange GB/s/tile": f"{c.exchange_bytes_per_second_per_tile / 1e9:.2f}",
-                "host GB/s": f"{c.host_bytes_per_second / 1e9:.1f}",
+                "exchange GB/s/tile": shown("exchange GB/s/tile", c.exchange_bytes_per_second_per_tile / 1e9),
+                "host GB/s": shown("host GB/s", c.host_bytes_per_second / 1e9),
             }
         )
     return rows

@@ -68,11 +68,80 @@ def _reg(*ops: str, versions: tuple[int, ...] | None = None):
     return deco
 
 
+def undecodable_text(msg) -> str | None:
+    """The first string field of a protobuf message (recursively) that is not UTF-8 text, or None.
+
+    ONNX's protobuf is proto2: a corrupt file can hold any bytes in a string field, and protobuf hands such a field
+    back as bytes instead of str (a bit flip in an op_type then reached onnx.defs as bytes: a TypeError). Only string
+    and message fields are read, so no tensor's raw bytes are copied."""
+    for field in msg.DESCRIPTOR.fields:
+        if field.type not in (field.TYPE_STRING, field.TYPE_MESSAGE):
+            continue
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        if not repeated and field.type == field.TYPE_MESSAGE and not msg.HasField(field.name):
+            continue
+        value = getattr(msg, field.name)
+        for item in value if repeated else [value]:
+            if field.type == field.TYPE_STRING:
+                if not isinstance(item, str):
+                    return field.full_name
+            elif (bad := undecodable_text(item)) is not None:
+                return bad
+    return None
+
+
+def initializer_mismatch(t: onnx.TensorProto) -> str | None:
+    """Why a tensor's (an initializer's, a Constant's) declared dims disagree with the data it holds (None when they agree or cannot be told).
+
+    Checked before anything reads the dims: shape inference treats a big initializer as a typed input, and a corrupt
+    file declaring [2**40] over 8 KB of data made onnx's C++ shape inference allocate until the host ran out."""
+    dims = [int(d) for d in t.dims]
+    if any(d < 0 for d in dims):
+        return f"negative dims {dims}"
+    n = math.prod(dims)
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        field = helper.tensor_dtype_to_field(t.data_type)
+    except (KeyError, TypeError, ValueError):
+        return None  # an element type the importer refuses anyway (with its own message)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return None  # still on disk: onnx's loader checks its length when it reads it
+    if t.HasField("raw_data"):
+        have, want = len(t.raw_data), n * itemsize
+    elif field in ("float_data", "double_data", "int64_data", "uint64_data") and t.data_type not in (
+            onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+        have, want = len(getattr(t, field)), n
+    else:
+        return None  # packed or complex layouts: left to numpy_helper, which reads only what is there
+    if have != want:
+        unit = "bytes" if t.HasField("raw_data") else "values"
+        return f"tensor {t.name!r} cannot be read: it declares dims {dims} ({want:,} {unit}) but holds {have:,}"
+    return None
+
+
+def malformed(model: onnx.ModelProto) -> str | None:
+    """Why a model that parsed is still not a valid ONNX file (None when nothing is seen): text that is not UTF-8, or
+    a tensor (initializer or Constant value) whose dims disagree with its data."""
+    if (field := undecodable_text(model)) is not None:
+        return f"{field} is not UTF-8 text"
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        for a in node.attribute:
+            tensors += ([a.t] if a.HasField("t") else []) + list(a.tensors)
+    for t in tensors:
+        if (why := initializer_mismatch(t)) is not None:
+            return why
+    return None
+
+
 def np_dtype(onnx_type: int) -> str:
     try:
         dt = str(np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type)))
     except (KeyError, TypeError, ValueError):
-        dt = onnx.TensorProto.DataType.Name(onnx_type).lower()
+        try:
+            dt = onnx.TensorProto.DataType.Name(onnx_type).lower()
+        except ValueError:  # not even a DataType (a corrupt or hand-edited file): name the number
+            raise Unsupported(f"element type {onnx_type} (not an ONNX data type)") from None
     if dt not in DTYPES:
         raise Unsupported(f"element type {dt}")
     return dt
@@ -375,7 +444,11 @@ def _reshape(st: ImportState, n: ONode) -> None:
 @_reg("Flatten")
 def _flatten(st: ImportState, n: ONode) -> None:
     x = st.type(n.ins[0]).shape
-    axis = _norm(int(n.attrs.get("axis", 1)), len(x) + 1) if len(x) else 0
+    # axis in [-r, r]; a negative one counts from the rank r (not r + 1): -1 leaves the last dim alone
+    axis = int(n.attrs.get("axis", 1))
+    if not -len(x) <= axis <= len(x):
+        raise Unsupported(f"axis {axis} out of range for rank {len(x)}")
+    axis = axis + len(x) if axis < 0 else axis
     shape = (int(np.prod(x[:axis], dtype=np.int64)), int(np.prod(x[axis:], dtype=np.int64)))
     st.op("Reshape", n.ins[:1], n.outs, shape=shape)
 

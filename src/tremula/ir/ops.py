@@ -49,6 +49,15 @@ def rule(op: str) -> OpRule:
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
+def _short(values, keep: int = 8) -> str:
+    """A list for an error message, cut after `keep` items: a hostile file can make it megabytes long (a MatMul
+    weight read as Split sizes listed 1,024 of them)."""
+    values = list(values)
+    if len(values) <= keep:
+        return str(values)
+    return "[" + ", ".join(str(v) for v in values[:keep]) + f", ... ({len(values)} in all)]"
+
+
 def _norm_axis(axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise TremulaError(f"axis {axis} out of range for rank {rank}")
@@ -405,7 +414,7 @@ _row("Conv", _conv_type, _conv_ref, _conv_flops, (2, 3))
 def _reshape_type(ins, a):
     shape = tuple(a["shape"])
     if int(np.prod(shape, dtype=np.int64)) != ins[0].size:
-        raise TremulaError(f"cannot reshape {ins[0].shape} to {shape}")
+        raise TremulaError(f"cannot reshape {_short(ins[0].shape)} to {_short(shape)}")
     return [TensorType(shape, ins[0].dtype)]
 
 
@@ -415,7 +424,7 @@ _row("Reshape", _reshape_type, lambda xs, a: [xs[0].reshape(a["shape"])], _zero_
 def _transpose_type(ins, a):
     perm = a.get("perm") or tuple(reversed(range(len(ins[0].shape))))
     if sorted(perm) != list(range(len(ins[0].shape))):
-        raise TremulaError(f"Transpose perm {perm} does not match rank {len(ins[0].shape)}")
+        raise TremulaError(f"Transpose perm {_short(perm)} does not match rank {len(ins[0].shape)}")
     return [TensorType(tuple(ins[0].shape[p] for p in perm), ins[0].dtype)]
 
 
@@ -433,7 +442,7 @@ def _concat_type(ins, a):
     shape = list(ins[0].shape)
     for t in ins[1:]:
         if len(t.shape) != len(shape) or any(t.shape[i] != shape[i] for i in range(len(shape)) if i != axis):
-            raise TremulaError(f"Concat shapes disagree: {[t.shape for t in ins]}")
+            raise TremulaError(f"Concat shapes disagree: {_short(t.shape for t in ins)}")
     shape[axis] = sum(t.shape[axis] for t in ins)
     return [TensorType(tuple(shape), ins[0].dtype)]
 
@@ -453,8 +462,11 @@ def _slices(shape: tuple[int, ...], a: Attrs) -> tuple[slice, ...]:
 
 
 def _slice_type(ins, a):
-    dummy = np.empty(ins[0].shape, dtype=bool)
-    return [TensorType(dummy[_slices(ins[0].shape, a)].shape, ins[0].dtype)]
+    # From the shape alone (no array of the input's size: type inference must cost nothing at any batch). A range
+    # clamps and counts exactly like slicing a dim of that length.
+    shape = ins[0].shape
+    out = tuple(len(range(*s.indices(d))) for s, d in zip(_slices(shape, a), shape))
+    return [TensorType(out, ins[0].dtype)]
 
 
 _row(
@@ -469,7 +481,7 @@ _row(
 def _split_type(ins, a):
     axis = _norm_axis(a["axis"], len(ins[0].shape))
     if sum(a["sizes"]) != ins[0].shape[axis]:
-        raise TremulaError(f"Split sizes {a['sizes']} do not sum to {ins[0].shape[axis]}")
+        raise TremulaError(f"Split sizes {_short(a['sizes'])} do not sum to {ins[0].shape[axis]}")
     return [TensorType(ins[0].shape[:axis] + (s,) + ins[0].shape[axis + 1 :], ins[0].dtype) for s in a["sizes"]]
 
 

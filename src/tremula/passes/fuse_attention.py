@@ -96,6 +96,8 @@ def _match(rw: Rewriter, tail: Node) -> bool:
     if found is None:
         return False
     q, kt, scale, where_mask, causal, nodes = found
+    if len(rw.g.types[kt].shape) != 4:  # a kᵀ the MatMul broadcasts over batch or heads: not one k per head
+        return False
     body += nodes
     sq, sk = ts.shape[-2:]
     if mask is not None and mask in rw.g.constants and rw.g.constants[mask].data is not None:

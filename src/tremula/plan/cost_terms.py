@@ -17,12 +17,18 @@ KIND_ALIAS: dict[str, list[tuple[str, int]]] = {
 }
 
 
+# Counts reach these functions from layouts, whose sizes are often NumPy integers (a layout's rows, cuts' diffs); the
+# cost model takes Python ints only (it refuses anything else, to catch a float or bool passed by mistake), so every
+# count is converted here, where the planner meets the cost model (siglip-tiny on a 2-tile chip stopped on one).
+
+
 def _d(dtype: str) -> str:
     """Integer and bool element-wise work is priced at the 32-bit (float) vector rate: the vector unit is 32-bit."""
     return dtype if dtype in ("float16", "float32") else "float32"
 
 
 def matmul_cycles(chip, m: int, k: int, n: int, dtype: str) -> int:
+    m, k, n = int(m), int(k), int(n)
     # fp16 inputs accumulate in fp32 on the AMP (the conv units' half->float path), as the codelet does; uint8 operands
     # are FP8 codes on the quarter->half path (codelets/fp8.py), the only FP8 path the C600 has.
     if dtype == "uint8":
@@ -31,6 +37,7 @@ def matmul_cycles(chip, m: int, k: int, n: int, dtype: str) -> int:
 
 
 def vector_cycles(chip, kind: str, n: int, dtype: str) -> int:
+    n = int(n)
     if n == 0:
         return 0
     dtype = _d(dtype)
@@ -44,27 +51,27 @@ def vector_cycles(chip, kind: str, n: int, dtype: str) -> int:
 
 
 def softmax_cycles(chip, rows: int, cols: int, dtype: str) -> int:
-    return int(cost.softmax_cycles(chip, rows, cols, _d(dtype)))
+    return int(cost.softmax_cycles(chip, int(rows), int(cols), _d(dtype)))
 
 
 def layernorm_cycles(chip, rows: int, cols: int, dtype: str) -> int:
-    return int(cost.layernorm_cycles(chip, rows, cols, _d(dtype)))
+    return int(cost.layernorm_cycles(chip, int(rows), int(cols), _d(dtype)))
 
 
 def layernorm_moments_cycles(chip, rows: int, width: int, dtype: str) -> int:
-    return int(cost.layernorm_moments_cycles(chip, rows, width, _d(dtype)))
+    return int(cost.layernorm_moments_cycles(chip, int(rows), int(width), _d(dtype)))
 
 
 def layernorm_apply_cycles(chip, rows: int, width: int, parts: int, dtype: str) -> int:
-    return int(cost.layernorm_apply_cycles(chip, rows, width, parts, _d(dtype)))
+    return int(cost.layernorm_apply_cycles(chip, int(rows), int(width), int(parts), _d(dtype)))
 
 
 def reduce_cycles(chip, rows: int, cols: int, dtype: str) -> int:
-    return int(cost.reduce_cycles(chip, rows, cols, _d(dtype)))
+    return int(cost.reduce_cycles(chip, int(rows), int(cols), _d(dtype)))
 
 
 def copy_cycles(chip, nbytes: int) -> int:
-    return int(cost.copy_cycles(chip, nbytes))
+    return int(cost.copy_cycles(chip, int(nbytes)))
 
 
 def exchange_cycles(chip, max_sent: int, max_recv: int) -> int:

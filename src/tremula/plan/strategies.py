@@ -118,6 +118,9 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     Cached on its arguments: identical layers (same shapes) are planned once.
     """
     tiles, sram = chip.tiles, chip.sram_bytes_per_tile
+    # A fixed cut is a preference (whole source blocks, contiguous gathers), not a need: on a chip with fewer tiles
+    # than the cut has parts (12 heads on a 3-tile chip) it is dropped, else no candidate would be left.
+    pn_fix, pk_fix = (pn_fix if pn_fix <= tiles else 0), (pk_fix if pk_fix <= tiles else 0)
     if pn_fix * pk_fix > tiles:  # both fixed but not on one chip: keep the K cut (it decides the gathers' shape)
         pn_fix = 0
     isz = np.dtype(dtype).itemsize
@@ -186,6 +189,8 @@ def choose_linear_pair(chip, m: int, k: int, n: int, n2: int, dtype: str, dtype2
     cost one instruction per row and block on both sides: SigLIP so400m's fc2 took 140 of its 190 KB of exchange
     code per tile at batch 1). Minimises the two ops' cycles, over the first's column splits that the second can
     use as K splits. pk_fix: the first's K parts, pn2_fix: the second's output-column parts, when fixed."""
+    # As in choose_linear: a fixed cut with more parts than the chip has tiles is dropped (pn = 1 then always fits).
+    pk_fix, pn2_fix = (pk_fix if pk_fix <= chip.tiles else 0), (pn2_fix if pn2_fix <= chip.tiles else 0)
     best: tuple | None = None
     for pn in _candidates(n, chip.tiles // max(pk_fix, 1)):
         first = choose_linear(chip, m, k, n, dtype, pm_max, temp_fraction, src, perm_fraction, pn_fix=pn,

@@ -84,6 +84,21 @@ class VectorOp:
 
 
 @dataclass(frozen=True)
+class ExchangeCode:
+    """Bytes of exchange and control instructions per tile: the encoding model of ipu-stack-facts §1.2 (chip file
+    table [exchange_code]); plan/overheads.py applies it to transfer tables."""
+
+    send_bytes: int  # one send: address set-up + send, carrying up to send_words words
+    send_words: int
+    continue_bytes: int  # each continuation (sendoff) of a longer payload, up to continue_words words
+    continue_words: int
+    receive_bytes: int  # one receive: incoming-mux select + teardown
+    pointer_reset_bytes: int  # a receive that does not continue the previous one's addresses
+    phase_bytes_per_tile: int  # entry and return of an exchange phase on each tile taking part
+    control_bytes_per_step: int  # a step's supervisor control code on every tile
+
+
+@dataclass(frozen=True)
 class Chip:
     """Every hardware constant of one chip. Frozen and hashable, so planners may cache on it."""
 
@@ -98,11 +113,13 @@ class Chip:
     data_path_bytes: int
     local_load_bytes_per_cycle: int
     memory_element_bytes: int
-    non_interleaved_bytes_per_tile: int
+    non_interleaved_bytes_per_tile: int  # the region instructions can be fetched from (code, exchange code)
+    operand_align_bytes: int  # alignment of every buffer (AMP operands need it)
     exchange_send_bytes_per_cycle_per_tile: int
     exchange_recv_bytes_per_cycle_per_tile: int
     tiles_per_shared_exchange_bus: int
     exchange_instruction_bytes: int
+    exchange_code: ExchangeCode
     exchange_fixed_cycles: int
     sync_cycles: int
     host_bytes_per_second: float
@@ -233,10 +250,13 @@ def _parse(text: str, where: str) -> Chip:
         local_load_bytes_per_cycle=r.pos_int("local_load_bytes_per_cycle"),
         memory_element_bytes=r.pos_int("memory_element_bytes"),
         non_interleaved_bytes_per_tile=r.pos_int("non_interleaved_bytes_per_tile"),
+        operand_align_bytes=r.pos_int("operand_align_bytes"),
         exchange_send_bytes_per_cycle_per_tile=r.pos_int("exchange_send_bytes_per_cycle_per_tile"),
         exchange_recv_bytes_per_cycle_per_tile=r.pos_int("exchange_recv_bytes_per_cycle_per_tile"),
         tiles_per_shared_exchange_bus=r.pos_int("tiles_per_shared_exchange_bus"),
         exchange_instruction_bytes=r.pos_int("exchange_instruction_bytes"),
+        exchange_code=ExchangeCode(**{f: (r.pos_int if f.endswith("words") else r.nonneg_int)(f"exchange_code.{f}")
+                                      for f in ExchangeCode.__dataclass_fields__}),
         exchange_fixed_cycles=r.nonneg_int("exchange_fixed_cycles"),
         sync_cycles=r.nonneg_int("sync_cycles"),
         host_bytes_per_second=r.pos_float("host_bytes_per_second"),
@@ -303,6 +323,8 @@ def _check_consistency(chip: Chip, where: str) -> None:
     """Relations between fields that a typo would break; each message names the field to fix."""
     if chip.sram_bytes_per_tile % chip.memory_element_bytes:
         raise TremulaError(f"chip file {where}: field 'memory_element_bytes' must divide sram_bytes_per_tile")
+    if chip.operand_align_bytes & (chip.operand_align_bytes - 1) or chip.operand_align_bytes % 8:
+        raise TremulaError(f"chip file {where}: field 'operand_align_bytes' must be a power of two and at least 8")
     if chip.non_interleaved_bytes_per_tile > chip.sram_bytes_per_tile:
         raise TremulaError(f"chip file {where}: field 'non_interleaved_bytes_per_tile' exceeds sram_bytes_per_tile")
     for p in chip.amp:

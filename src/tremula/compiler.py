@@ -49,7 +49,7 @@ class DoesNotFit(TremulaError):
     """The program's peak memory on some tile exceeds its SRAM."""
 
     def __init__(self, tile: int, step: int, by_category: dict[str, int], peak: int, sram: int, batch: int,
-                 max_batch: int | None, detail: str = ""):
+                 max_batch: int | None, detail: str = "", region: str = ""):
         self.tile, self.step, self.by_category, self.peak, self.sram = tile, step, by_category, peak, sram
         self.batch, self.max_batch, self.detail = batch, max_batch, detail
         cats = ", ".join(f"{k} {v:,}" for k, v in by_category.items() if v)
@@ -59,13 +59,19 @@ class DoesNotFit(TremulaError):
             hint = "even batch 1 does not fit: use a smaller precision, more IPUs, or a chip with more SRAM"
         else:
             hint = f"the largest batch that fits is {max_batch} (use --batch {max_batch} or --batch auto)"
-        super().__init__(f"does not fit at batch {batch}: tile {tile} needs {peak:,} of {sram:,} bytes at step {step} "
-                         f"({cats}); {hint}" + (f". On tile {tile}: {detail}" if detail else ""))
+        where = f" of its {region}" if region else ""
+        super().__init__(f"does not fit at batch {batch}: tile {tile} needs {peak:,} of {sram:,} bytes{where} at step "
+                         f"{step} ({cats}); {hint}" + (f". On tile {tile}: {detail}" if detail else ""))
 
 
 def _does_not_fit(state, mp, live, chip, batch: int, max_batch: int | None) -> DoesNotFit:
     from tremula.plan.diagnose import fullest_tile
 
+    over = mp.code_overflow() if mp.peak_bytes <= chip.sram_bytes_per_tile else None
+    if over is not None:  # the tile's bytes fit its SRAM, but its instructions overflow the code region
+        tile, used = over
+        return DoesNotFit(tile, mp.peak_time // 2, mp.by_category, used, chip.non_interleaved_bytes_per_tile, batch,
+                          max_batch, fullest_tile(state, mp, live, chip), region="code region (code + exchange code)")
     return DoesNotFit(mp.fullest_tile, mp.peak_time // 2, mp.by_category, mp.peak_bytes, chip.sram_bytes_per_tile,
                       batch, max_batch, fullest_tile(state, mp, live, chip))
 

@@ -124,7 +124,8 @@ def test_elementwise_vertices_merge_back_to_back_blocks(monkeypatch):
     from tremula import compiler
 
     monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.01, None, False),))
-    res = check_model("bert-tiny", "examples/chips/tiny16.toml", 8, "fp16")
+    # Batch 4: at batch 8 the exchange code of this many rounds (ipu-stack-facts §1.2 encoding) overflows 64 KiB tiles.
+    res = check_model("bert-tiny", "examples/chips/tiny16.toml", 4, "fp16")
     out_shapes = [g.shapes[:, -1] for s in res.compile.program.steps for g in s.compute
                   if g.codelet in ("unary", "binary")]
     merged = [o for o in out_shapes if ((o[:, 0] == 1) & (o[:, 1] > 40)).any()]

@@ -149,8 +149,13 @@ def test_json_has_per_step_makespans_and_exchange_code(tiny):
     expect = sum(schedule_exchange(s.exchange, C600).exchange_code_bytes(C600)
                  for s in res.program.steps if len(s.exchange))
     assert code["timetable"] == expect.tolist()
-    planned = reserved_bytes(res.program.tiles, res.program.steps, C600)["exchange_code"]
-    assert code["planned"] == planned.tolist()
+    # Recounted from the Program's absolute addresses, a receive that happens to start where one in another buffer
+    # ends needs no pointer reset; the plan, which knows only buffers, reserved one (overheads._receive_bytes).
+    recount = reserved_bytes(res.program.tiles, res.program.steps, C600)["exchange_code"]
+    planned = np.asarray(code["planned"])
+    resets = (planned - recount) / C600.exchange_code.pointer_reset_bytes
+    assert (resets >= 0).all() and (resets == resets.round()).all()
+    assert recount.sum() > 0.9 * planned.sum()
     assert code["timetable_max_bytes"] == max(code["timetable"]) > 0
     assert code["planned_max_bytes"] == max(code["planned"]) > 0
     has = planned > 0

@@ -31,14 +31,13 @@ def fullest_tile(state, mp, live, chip, top: int = 3) -> str:
             if len(k):
                 buffers[fold(spec.name)] += int(spec.sizes[k[0]])
     code: Counter = Counter()
-    instr = getattr(chip, "exchange_instruction_bytes", None)  # as the memory plan prices it
     sharing = getattr(state, "sharing", None)
     replicas = sharing.replica_tables if sharing is not None else set()
     for k, s in enumerate(state.steps):
         for i, (tr, owner) in enumerate(zip(s.transfers, s.owners)):
             if (k, i) in replicas:  # runs its template layer's code
                 continue
-            send, recv = transfer_code_bytes(tr, instr)
+            send, recv = transfer_code_bytes(tr, chip)
             here = int(send[tr.src_tile == t].sum() + recv[tr.d_tile == t].sum())
             if here:
                 code[fold(owner)] += here

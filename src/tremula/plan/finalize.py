@@ -68,7 +68,8 @@ def memory_plan(state: LoweringState, chip) -> tuple[MemoryPlan, Liveness, dict[
         reserved = reserved_bytes(state.T, state.steps, chip, sharing, is_w)
         mp = plan_memory([b.category for b in state.bufs], [b.tiles for b in state.bufs],
                          [b.sizes for b in state.bufs], live.first, live.last, state.T, reserved,
-                         chip.sram_bytes_per_tile, sharing.runs if sharing is not None else ())
+                         chip.sram_bytes_per_tile, sharing.runs if sharing is not None else (),
+                         chip.operand_align_bytes, chip.non_interleaved_bytes_per_tile)
         if sharing is None or not check_weight_strides(sharing, mp):
             break
         sharing = None  # weights not at one distance per tile: the layers cannot share exchange code; plan without

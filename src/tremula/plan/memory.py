@@ -3,7 +3,9 @@
 Weights are always live and packed first, per tile; above them, activations and temporary buffers get one offset
 (the same on each of their tiles, relative to the tile's weight end) first-fit among the buffers whose live ranges
 overlap (times are half-steps: 2k = compute of step k, 2k+1 = its exchange). Code, vertex state and exchange code sit
-at the top of each tile's SRAM. Offsets are aligned to ALIGN bytes.
+at the top of each tile's SRAM; instructions (code and exchange code) must also fit the chip's code region (the only
+memory that can fetch them: ipu-stack-facts §3), or the plan does not fit. Offsets are aligned to the chip's
+operand alignment (ALIGN without a chip).
 
 Layers that share code (plan/share.py) need each class of corresponding buffers at one offset. Their classes are
 first-fit in folded time (half-steps modulo the run's period, from the template layer's start): two classes that are
@@ -17,12 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALIGN = 8  # 64-bit loads/stores need 8-byte aligned operands (ref §2: 64-bit data path)
+ALIGN = 8  # 64-bit loads/stores need 8-byte aligned operands (ref §2: 64-bit data path); a chip may ask more
+INSTRUCTION_CATEGORIES = ("code", "exchange_code")  # what must sit in the code region
 CATEGORIES = ("weights", "activations", "code", "vertex_state", "exchange_code", "buffers")
 
 
-def align(n: np.ndarray | int):
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+def align(n: np.ndarray | int, to: int = ALIGN):
+    return (n + to - 1) // to * to
 
 
 @dataclass
@@ -36,6 +39,15 @@ class MemoryPlan:
     fullest_tile: int
     peak_time: int  # half-step at which the fullest tile holds the most live bytes
     by_category: dict[str, int]  # live bytes on the fullest tile at peak_time, per category
+    code_region_used: np.ndarray | None = None  # [tiles] instruction bytes (code + exchange code)
+    code_region_bytes: int | None = None  # what the chip's code region holds
+
+    def code_overflow(self) -> tuple[int, int] | None:
+        """(tile, instruction bytes) of the tile whose instructions overflow the code region most, else None."""
+        if self.code_region_used is None or self.code_region_bytes is None:
+            return None
+        t = int(np.argmax(self.code_region_used))
+        return (t, int(self.code_region_used[t])) if self.code_region_used[t] > self.code_region_bytes else None
 
     @property
     def peak_bytes(self) -> int:
@@ -110,7 +122,7 @@ def _fold_run(run, maxsize: np.ndarray, first: np.ndarray, last: np.ndarray) -> 
 
 def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.ndarray], first: np.ndarray,
                 last: np.ndarray, n_tiles: int, reserved: dict[str, np.ndarray], sram: int,
-                runs=()) -> MemoryPlan:
+                runs=(), alignment: int = ALIGN, code_region: int | None = None) -> MemoryPlan:
     n = len(cats)
     is_w = np.array([c == "weights" for c in cats], bool)
     # Weights: always live, packed per tile in placement order.
@@ -122,10 +134,10 @@ def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.n
     for r, b in enumerate(w_idx.tolist()):
         t = tiles_of[b]
         weight_addr[r, t] = cursor[t]
-        cursor[t] += align(sizes_of[b])
-    act_base = align(cursor)
+        cursor[t] += align(sizes_of[b], alignment)
+    act_base = align(cursor, alignment)
     # Activations and temporaries: one offset above each tile's weights, first fit over live ranges.
-    maxsize = np.array([align(int(s.max())) if len(s) else 0 for s in sizes_of], np.int64)
+    maxsize = np.array([align(int(s.max()), alignment) if len(s) else 0 for s in sizes_of], np.int64)
     offset = np.zeros(n, np.int64)
     in_run = np.zeros(n, bool)
     folded, regions = [], []
@@ -167,5 +179,7 @@ def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.n
             by_cat[cats[b]] += int(sz)
     for k, v in reserved.items():
         by_cat[k] = int(v[fullest])
-    return MemoryPlan(offset, act_base, weight_addr, weight_row, used, bool(used.max() <= sram), fullest, peak_time,
-                      by_cat)
+    instructions = sum(reserved.get(c, 0) for c in INSTRUCTION_CATEGORIES) + np.zeros(n_tiles, np.int64)
+    fits = bool(used.max() <= sram) and (code_region is None or bool(instructions.max() <= code_region))
+    return MemoryPlan(offset, act_base, weight_addr, weight_row, used, fits, fullest, peak_time, by_cat,
+                      instructions, code_region)

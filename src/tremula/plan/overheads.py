@@ -29,45 +29,94 @@ BASE_CODE_BYTES = 2048
 VERTEX_HEADER_BYTES = 8
 BYTES_PER_OPERAND = 8
 BYTES_PER_PARAM = 4
-# Exchange code without a chip: a send or a receive-mux selection is one 32-bit instruction; a 2-D pattern adds a
-# loop setup of a few instructions, so 16 bytes per transfer on each tile taking part (sender and every receiver).
-# With a chip, its `exchange_instruction_bytes` (chip file) prices instructions (see side_instructions).
+# Exchange code without a chip: 16 bytes per transfer on each tile taking part (sender and every receiver), about
+# a send and a receive of the chip model below with a pointer reset each. With a chip, its [exchange_code] table
+# (the encoding model of ipu-stack-facts §1.2, validated there at -14 .. +17.5 % on encoded rows) prices them.
 EXCHANGE_BYTES_PER_TRANSFER = 16
 
 
 def side_instructions(rows, row_bytes, stride) -> np.ndarray:
-    """Exchange instructions one side of a transfer runs: one set-up (the sender's first address; the receiver's mux
-    select and incoming pointer) plus one per row when its rows are not back to back in its memory. A contiguous
-    side streams every row through the one pointer, which advances by itself; a strided side re-points per row.
-    An estimate [I]: no public source gives exchange code sizes."""
+    """Instructions one side of a transfer runs, as the timetables count them (timing/timetable.py): one set-up plus
+    one per row when its rows are not back to back in its memory (a strided side re-points per row)."""
     rows = np.asarray(rows, np.int64)
     strided = (rows > 1) & (np.asarray(stride, np.int64) != np.asarray(row_bytes, np.int64))
     return 1 + np.where(strided, rows, 0)
 
 
-def transfer_code_bytes(t, instr: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Exchange code bytes of a transfer table (SymTransfers or TransferTable): (per transfer on its sender, per
-    destination entry on its receiver). instr: bytes per instruction, or None for the chip-less flat estimate."""
+def _send_bytes(enc, rows, row_bytes, stride) -> np.ndarray:
+    """A transfer's sender code: one send per contiguous run of its source (the whole payload, or each row of a
+    strided source: the exchange has no constant-stride mode, ipu-stack-facts §1.1), each send carrying send_words
+    words and one continuation per further continue_words words. A multicast is sent once."""
+    rows, row_bytes = np.asarray(rows, np.int64), np.asarray(row_bytes, np.int64)
+    strided = (rows > 1) & (np.asarray(stride, np.int64) != row_bytes)
+    runs = np.where(strided, rows, 1)
+    words = -(-np.where(strided, row_bytes, rows * row_bytes) // 4)
+    more = -(-np.maximum(words - enc.send_words, 0) // enc.continue_words)
+    return runs * (enc.send_bytes + enc.continue_bytes * more)
+
+
+def _receive_bytes(enc, d_tile, d_buf, d_rel, nbytes, rows, row_bytes, stride) -> np.ndarray:
+    """Each destination entry's receiver code: one receive, one pointer reset per further row of a strided
+    destination, and one more when the entry does not start where another receive on its tile ends (receives are
+    taken in address order; a tile's first receive sets its pointer with the receive itself)."""
+    d_tile, d_buf, d_rel = (np.asarray(x, np.int64) for x in (d_tile, d_buf, d_rel))
+    rows, row_bytes = np.asarray(rows, np.int64), np.asarray(row_bytes, np.int64)
+    strided = (rows > 1) & (np.asarray(stride, np.int64) != row_bytes)
+    out = enc.receive_bytes + enc.pointer_reset_bytes * np.where(strided, rows - 1, 0)
+    if len(d_tile) > 1:
+        order = np.lexsort((d_rel, d_buf, d_tile))
+        t, b, r = d_tile[order], d_buf[order], d_rel[order]
+        end = np.where(strided[order], -1, r + np.asarray(nbytes, np.int64)[order])  # a strided entry ends nowhere
+        reset = np.zeros(len(order), bool)
+        reset[1:] = (t[1:] == t[:-1]) & ~((b[1:] == b[:-1]) & (r[1:] == end[:-1]))
+        out[order] += enc.pointer_reset_bytes * reset
+    return out
+
+
+def _destinations(t) -> tuple[np.ndarray, ...]:
+    """Per destination entry of a transfer table: (tile, buffer, offset, bytes, rows, row bytes, stride); a Program's
+    addresses are absolute (one "buffer"), a plan's are a buffer and an offset in it."""
     ndst = np.diff(t.dst_start)
-    if instr is None:
+    rows, rb = np.repeat(np.asarray(t.rows, np.int64), ndst), np.repeat(np.asarray(t.row_bytes, np.int64), ndst)
+    d_buf = t.d_buf if hasattr(t, "d_buf") else np.zeros(len(t.d_tile), np.int64)
+    d_rel = t.d_rel if hasattr(t, "d_rel") else t.d_addr
+    return t.d_tile, d_buf, d_rel, rows * rb, rows, rb, t.d_stride
+
+
+def transfer_code_bytes(t, chip) -> tuple[np.ndarray, np.ndarray]:
+    """Exchange code bytes of a transfer table (SymTransfers or TransferTable): (per transfer on its sender, per
+    destination entry on its receiver), by the chip's encoding model (chip file [exchange_code], ipu-stack-facts
+    §1.2), or the flat chip-less estimate without a chip. reserved_bytes adds the per-phase entry/return bytes and
+    judges receive contiguity over a whole step's tables."""
+    if chip is None:
         send = np.full(len(t.src_tile), EXCHANGE_BYTES_PER_TRANSFER, np.int64)
-        return send, np.repeat(send, ndst)
-    send = instr * side_instructions(t.rows, t.row_bytes, t.src_stride)
-    return send, instr * side_instructions(np.repeat(t.rows, ndst), np.repeat(t.row_bytes, ndst), t.d_stride)
+        return send, np.repeat(send, np.diff(t.dst_start))
+    enc = chip.exchange_code
+    return _send_bytes(enc, t.rows, t.row_bytes, t.src_stride), _receive_bytes(enc, *_destinations(t))
 
 
 def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -> dict[str, np.ndarray]:
     """code, vertex_state and exchange_code bytes per tile for a list of steps (Program Steps or SymSteps).
 
-    With `sharing` (plan/share.py; SymSteps only), the vertex groups and transfer tables of layers that run their
-    template's code are not counted again; their per-layer tables of rewritten vertex fields are, and each
-    weight-sourced transfer of a template costs its sender one more instruction (adding the layer's weight base)."""
+    Code is the codelets a tile runs, the fixed runtime and, with a chip, each step's control code on every tile;
+    exchange code is each transfer's send and receive code plus, per step, the phase entry and return on every tile
+    that takes part. With `sharing` (plan/share.py; SymSteps only), the vertex groups and transfer tables of layers
+    that run their template's code are not counted again (nor are the control and phase code of steps made only of
+    them); their per-layer tables of rewritten vertex fields are, and each weight-sourced transfer of a template costs
+    its sender one more instruction (adding the layer's weight base)."""
     instr = getattr(chip, "exchange_instruction_bytes", None)
+    enc = getattr(chip, "exchange_code", None)
     code_sets: dict[str, np.ndarray] = {}
     vstate = np.zeros(tiles, np.int64)
     excode = np.zeros(tiles, np.int64)
+    own_steps = 0  # steps whose control code is the tiles' own (not a template layer's)
     for k, s in enumerate(steps):
         groups = s.compute if hasattr(s, "compute") else s.groups
+        tables = [s.exchange] if hasattr(s, "exchange") else s.transfers
+        replica = sharing is not None and (groups or tables) and \
+            all((k, i) in sharing.replica_groups for i in range(len(groups))) and \
+            all((k, i) in sharing.replica_tables for i in range(len(tables)))
+        own_steps += not replica
         for i, g in enumerate(groups):
             mark = code_sets.setdefault(g.codelet, np.zeros(tiles, bool))
             mark[g.tiles] = True
@@ -75,18 +124,30 @@ def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -
                 continue
             per = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * len(g.dtypes) + BYTES_PER_PARAM * g.params.shape[1]
             vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
-        tables = [s.exchange] if hasattr(s, "exchange") else s.transfers
+        own = [t for i, t in enumerate(tables) if sharing is None or (k, i) not in sharing.replica_tables]
         for i, t in enumerate(tables):
             if sharing is not None and (k, i) in sharing.replica_tables:
                 continue
-            send, recv = transfer_code_bytes(t, instr)
+            send, recv = transfer_code_bytes(t, chip)
             if sharing is not None and (k, i) in sharing.template_tables:
                 send = send + (instr or EXCHANGE_BYTES_PER_TRANSFER // 4) * is_weight[t.src_buf]
             excode += np.bincount(t.src_tile, weights=send, minlength=tiles).astype(np.int64)
-            excode += np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(np.int64)
+            if enc is None:
+                excode += np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(np.int64)
+        if enc is not None and own:
+            # One phase: a tile's receives from all of the step's tables follow each other, so contiguity (and the
+            # free pointer set of its first receive) is judged over all of them together.
+            dests = [np.concatenate([np.asarray(d, np.int64) for d in col]) for col in zip(*map(_destinations, own))]
+            excode += np.bincount(dests[0], weights=_receive_bytes(enc, *dests), minlength=tiles).astype(np.int64)
+            in_phase = np.zeros(tiles, bool)
+            for t in own:
+                in_phase[t.src_tile] = True
+                in_phase[t.d_tile] = True
+            excode += enc.phase_bytes_per_tile * in_phase
     if sharing is not None:
         vstate += sharing.patch_bytes
-    code = np.full(tiles, BASE_CODE_BYTES, np.int64)
+    code = np.full(tiles, BASE_CODE_BYTES + (enc.control_bytes_per_step * own_steps if enc is not None else 0),
+                   np.int64)
     for name, mark in code_sets.items():
         code += mark * CODE_BYTES.get(name, 1024)
     return {"code": code, "vertex_state": vstate, "exchange_code": excode}

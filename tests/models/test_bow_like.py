@@ -9,10 +9,10 @@ CHIP = "bow"
 GOLDEN = {
     "bert-tiny": {
         "cycles": 39082, "compute": 29687, "exchange": 4675, "sync": 4720,
-        "steps": 40, "fullest_tile": 58, "peak_tile_bytes": 26964,
+        "steps": 40, "fullest_tile": 58, "peak_tile_bytes": 26980,
         "memory_by_category": {
             "weights": 604, "activations": 96,
-            "code": 22912, "vertex_state": 540, "exchange_code": 1464, "buffers": 1088},
+            "code": 22912, "vertex_state": 540, "exchange_code": 1480, "buffers": 1088},
     },
     "vit-tiny": {
         "cycles": 39941, "compute": 30707, "exchange": 4750, "sync": 4484,

@@ -9,10 +9,10 @@ CHIP = "mk1"
 GOLDEN = {
     "bert-tiny": {
         "cycles": 39091, "compute": 29687, "exchange": 4684, "sync": 4720,
-        "steps": 40, "fullest_tile": 58, "peak_tile_bytes": 21788,
+        "steps": 40, "fullest_tile": 58, "peak_tile_bytes": 21812,
         "memory_by_category": {
             "weights": 212, "activations": 96,
-            "code": 17792, "vertex_state": 708, "exchange_code": 1592, "buffers": 1088},
+            "code": 17792, "vertex_state": 708, "exchange_code": 1616, "buffers": 1088},
     },
     "vit-tiny": {
         "cycles": 39958, "compute": 30713, "exchange": 4761, "sync": 4484,

@@ -75,9 +75,20 @@ def safe(text: object) -> str:
     return escape(printable(text))
 
 
+def _finite(data: Any) -> Any:
+    """`data` with every NaN or infinity as null: JSON has no such numbers, and `NaN` would break a reader."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
 def _print_json(data: Any) -> None:
     # ensure_ascii: rich re-encodes the JSON; without it C1 controls (U+009B is CSI) would reach the terminal raw.
-    out.print_json(json.dumps(data), ensure_ascii=True)
+    out.print_json(json.dumps(_finite(data), allow_nan=False), ensure_ascii=True)
 
 
 def human(n: float, unit: str = "") -> str:
@@ -565,19 +576,40 @@ def _show_notice(message, category, filename, lineno, file=None, line=None) -> N
 
 
 def main() -> None:
-    """Entry point: flag errors are reported by the CLI library (exit 2); user errors become one line on stderr;
-    notices (errors.notice) one line each, before the answer they qualify."""
+    """Entry point. Every error is one line on stderr: flag and user errors (TremulaError) exit 2, Ctrl-C 130,
+    anything else is an internal error (exit 3; TREMULA_DEBUG=1 shows the traceback). Notices (errors.notice) are
+    one line each, before the answer they qualify."""
     warnings.showwarning = _show_notice
     try:
-        app(prog_name="tremula")  # standalone: handles --help, usage errors and Ctrl-C itself
-    except TremulaError as e:
+        # Not standalone: the CLI library would print a flag error as a framed box over several lines.
+        code = app(prog_name="tremula", standalone_mode=False)
+    except Exception as e:
+        kind = _click_kind(e)
+        if kind == "NoArgsIsHelpError":  # bare `tremula` or a bare group: the help, as asked
+            out.print(e.format_message(), markup=False, highlight=False)  # type: ignore[attr-defined]
+            sys.exit(0)
+        if kind == "Abort":
+            err.print("tremula: interrupted", markup=False)
+            sys.exit(130)
+        if kind == "ClickException":  # a bad flag or argument
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            err.print(f"tremula: error: {printable(e.format_message())}{hint}",  # type: ignore[attr-defined]
+                      soft_wrap=True, markup=False)
+            sys.exit(int(getattr(e, "exit_code", 2)))
         if os.environ.get("TREMULA_DEBUG"):
             raise
-        err.print(f"tremula: error: {printable(e)}", soft_wrap=True, markup=False)
-        sys.exit(2)
-    except Exception as e:  # an internal error: still one line, with how to get the traceback
-        if os.environ.get("TREMULA_DEBUG"):
-            raise
+        if isinstance(e, TremulaError):
+            err.print(f"tremula: error: {printable(e)}", soft_wrap=True, markup=False)
+            sys.exit(2)
         err.print(f"tremula: internal error: {type(e).__name__}: {printable(e)} "
                   "(set TREMULA_DEBUG=1 for a traceback)", soft_wrap=True, markup=False)
         sys.exit(3)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _click_kind(e: BaseException) -> str | None:
+    """The CLI library's error family of `e` ("NoArgsIsHelpError", "Abort", "ClickException"), or None. By class
+    name: recent Typer versions carry their own copy of Click, so the classes are not importable from one place."""
+    names = [c.__name__ for c in type(e).__mro__]
+    return next((k for k in ("NoArgsIsHelpError", "Abort", "ClickException") if k in names), None)

@@ -223,6 +223,15 @@ def _stream_dict(s: HostStream) -> dict:
     return {k: getattr(s, k) for k in HostStream.__dataclass_fields__}
 
 
+def _json_number(o: object) -> int | float:
+    """NumPy scalars in the header (a constant's tile or address, a shape taken from an array) as JSON numbers."""
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    raise TypeError(f"{type(o).__name__} in a Program header is not JSON data")
+
+
 def save_program(program: Program, path: str | Path) -> None:
     """Write the Program to one file; the same Program always gives the same bytes."""
     groups_meta, steps_meta = [], []
@@ -251,7 +260,8 @@ def save_program(program: Program, path: str | Path) -> None:
         "io_types": {k: [list(v[0]), v[1]] for k, v in sorted(program.io_types.items())},
         "meta": program.meta,
     }
-    arrays: dict[str, np.ndarray] = {"header.json": np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8)}
+    text = json.dumps(header, sort_keys=True, default=_json_number)
+    arrays: dict[str, np.ndarray] = {"header.json": np.frombuffer(text.encode(), np.uint8)}
     for k in _GROUP_ARRAYS:
         arrays[f"g_{k}"] = _cat(gparts[k], np.int64)
     for k in _TT_ARRAYS:

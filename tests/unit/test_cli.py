@@ -134,3 +134,29 @@ def test_fp8_on_a_chip_without_it_and_bad_calibration_files(tmp_path):
     wrong = tmp_path / "wrong.npy"
     np.save(wrong, np.zeros((1, 3, 4, 4), np.float32))
     assert_one_line_error(run_cli("compile", "vit-tiny", "--dtype", "fp8", "--calibration", str(wrong)), "has shape")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("inspect", "vit-tiny", "--seq-len", "0"), "--seq-len"),
+    (("--no-such-flag",), "--no-such-flag"),
+    (("compile",), "model"),
+    (("chips", "--json", "extra"), "extra"),
+])
+def test_flag_errors_are_one_line(args, needle):
+    # The CLI library's own usage errors come as one line too, not a framed box over several lines (issue #11).
+    p = run_cli(*args)
+    assert p.returncode == 2
+    assert_one_line_error(p, needle)
+
+
+def test_bare_command_prints_help():
+    p = run_cli()
+    assert p.returncode == 0 and "compile" in p.stdout and not p.stderr.strip()
+
+
+def test_json_has_no_nan(capsys):
+    # A cosine of an all-zero output is NaN; --json must still be JSON (null), not the token NaN.
+    from tremula.cli import _print_json
+
+    _print_json({"cosine": float("nan"), "rows": [float("inf"), 1.5], "ok": True})
+    assert json.loads(capsys.readouterr().out) == {"cosine": None, "rows": [None, 1.5], "ok": True}

@@ -66,3 +66,20 @@ def test_truncated_file_is_an_error(tmp_path, chip):
     p.write_bytes(data[: len(data) // 2])
     with pytest.raises(TremulaError):
         load_program(p)
+
+
+def test_program_of_an_onnx_file_saves(tmp_path):
+    # An imported graph's shapes and a constant's placement may be NumPy integers; the header must still be JSON.
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    w = numpy_helper.from_array(np.ones((8, 4), np.float32), "W")
+    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "mm.onnx")
+    res = compile_model(str(tmp_path / "mm.onnx"), load_chip("examples/chips/tiny16.toml"))
+    save_program(res.program, tmp_path / "mm.tremula")
+    back = load_program(tmp_path / "mm.tremula")
+    assert back.batch == 2 and len(back.steps) == len(res.program.steps)

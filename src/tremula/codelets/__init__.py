@@ -1,4 +1,9 @@
-"""Codelets: the vertex programs a tile runs. Each works on NumPy views of its own tile's SRAM bytes.
+"""Codelets: the vertex programs a tile runs. Each works on NumPy arrays of its operands' bytes in tile SRAM.
+
+A codelet runs a stack of vertices at once: every operand is [n, rows, cols] (vertex i's block at index i) and params
+is [n, P] (one row per vertex). A single vertex may also be passed as [rows, cols] operands and a 1-D params row. The
+simulator stacks only vertices whose operand shapes and `uniform` params agree (the params that pick a code path:
+an op id, has_bias, a format); the others (a query block's start, a seed) vary per vertex and are read with `column`.
 
 A codelet is registered with the indices of the operands it writes (so the simulator can check reads of unwritten
 bytes and overlapping writes) and a cycle estimate that calls the one cost model (`tremula.plan.cost_terms`).
@@ -11,17 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RunFn = Callable[[list[np.ndarray], Sequence[int]], None]
+RunFn = Callable[[list[np.ndarray], Sequence[int] | np.ndarray], None]
 CyclesFn = Callable[..., int]  # (chip, params, shapes, dtypes) -> cycles
 
 
 @dataclass(frozen=True)
 class Codelet:
     name: str
-    run: RunFn  # views of the operands (each [rows, cols] in its dtype), the vertex's int params; writes outputs
+    run: RunFn  # stacked operands ([n, rows, cols] in their dtypes) and params [n, P]; writes the outputs in place
     writes: tuple[int, ...]  # operand indices it writes (negative = from the end)
     cycles: CyclesFn
-    batchable: bool = True  # run() also accepts a stack of vertices ([n, rows, cols] operands, the same params)
+    uniform: tuple[int, ...] = ()  # params that must agree within one stacked call (those that pick the code path)
 
     def written(self, n_ops: int) -> list[int]:
         return sorted(i % n_ops for i in self.writes)
@@ -30,14 +35,25 @@ class Codelet:
 CODELETS: dict[str, Codelet] = {}
 
 
-def register(name: str, run: RunFn, writes: tuple[int, ...], cycles: CyclesFn, batchable: bool = True) -> None:
-    CODELETS[name] = Codelet(name, run, writes, cycles, batchable)
+def register(name: str, run: RunFn, writes: tuple[int, ...], cycles: CyclesFn, uniform: tuple[int, ...] = ()) -> None:
+    CODELETS[name] = Codelet(name, run, writes, cycles, uniform)
 
 
 def codelet(name: str) -> Codelet:
     if not CODELETS:
         _load()
     return CODELETS[name]
+
+
+def first(params, j: int) -> int:
+    """Param j of the first vertex (a `uniform` param: the same for every vertex of the call)."""
+    p = np.asarray(params)
+    return int(p[j] if p.ndim == 1 else p[0, j])
+
+
+def column(params, j: int) -> np.ndarray:
+    """Param j of every vertex, shaped to broadcast against [n, rows, cols] operands ([1, 1] for a single vertex)."""
+    return np.asarray(params, np.int64)[..., j, None, None]
 
 
 def f2i(x: float) -> int:

@@ -7,25 +7,31 @@ When a head's K and V are too big for one tile, the keys are split over tiles: `
 block of keys, the unnormalised p @ v (kept in the attention's dtype) with its own row max and row sum (float32), and
 `attention_combine` rescales the blocks' results to their common max and divides by the total sum (the same algebra as
 a one-pass softmax, exact up to rounding).
+
+Operands are stacks of vertices ([n, rows, cols]); has_mask, causal and the scale are uniform params, the query and
+key block starts vary per vertex.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tremula.codelets import i2f, register
+from tremula.codelets import column, first, i2f, register
 from tremula.codelets.norm import softmax_rows
 from tremula.plan import cost_terms
 
 
-def _scores(q, k, mask, causal, q_start, sq, k_start, sk_total, scale):
-    """q @ k^T * scale (+ mask), causal keys masked to -inf; float32 for half inputs. Keys are k_start.. of sk_total."""
+def _scores(q, k, mask, params, k_start):
+    """q @ k^T * scale (+ mask), causal keys masked to -inf; float32 for half inputs. Keys are k_start.. of sk.
+
+    params: (has_mask, causal, q_start, sq, sk, scale bits, ...) of each vertex; k_start: each vertex's first key."""
     acc = np.float32 if q.dtype == np.float16 else q.dtype.type
-    s = np.matmul(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * acc(scale)
+    s = np.matmul(q.astype(acc, copy=False), np.swapaxes(k.astype(acc, copy=False), -1, -2)) * acc(i2f(first(params, 5)))
     if mask is not None:
-        s = s + mask.astype(acc)
-    if causal:
-        rows = np.arange(q_start, q_start + q.shape[-2])[:, None]
+        s = s + mask.astype(acc, copy=False)
+    if first(params, 1):
+        q_start, sq, sk_total = column(params, 2), column(params, 3), column(params, 4)
+        rows = q_start + np.arange(q.shape[-2])[:, None]
         keys = k_start + np.arange(k.shape[-2])[None, :]
         s = np.where(keys <= rows + (sk_total - sq), s, -np.inf)
     return s, acc
@@ -34,11 +40,10 @@ def _scores(q, k, mask, causal, q_start, sq, k_start, sk_total, scale):
 def _attention(ops, params) -> None:
     # params: (has_mask, causal, q_start, sq, sk, scale bits). operands: q [r,d], k [sk,d], v [sk,dv], (mask [1|r, sk]),
     # out [r, dv]
-    has_mask, causal, q_start, sq, sk, scale_bits = params
     q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
-    s, acc = _scores(q, k, ops[3] if has_mask else None, causal, q_start, sq, 0, sk, i2f(scale_bits))
+    s, acc = _scores(q, k, ops[3] if first(params, 0) else None, params, 0)
     p = softmax_rows(s)
-    out[...] = np.matmul(p, v.astype(acc)).astype(out.dtype)
+    out[...] = np.matmul(p, v.astype(acc, copy=False)).astype(out.dtype, copy=False)
 
 
 def _attention_cycles(chip, params, shapes, dtypes) -> int:
@@ -48,20 +53,19 @@ def _attention_cycles(chip, params, shapes, dtypes) -> int:
             + cost_terms.softmax_cycles(chip, r, sk, "float32") + cost_terms.vector_cycles(chip, "mul", r * sk, "float32"))
 
 
-register("attention", _attention, (-1,), _attention_cycles)
+register("attention", _attention, (-1,), _attention_cycles, uniform=(0, 1, 5))
 
 
 def _attention_partial(ops, params) -> None:
     # params: (has_mask, causal, q_start, sq, sk, scale bits, k_start). operands: q [r,d], k [kb,d], v [kb,dv],
     # (mask [1|r, kb]), pv [r, dv] (the attention's dtype): p @ v unnormalised, stats [r, 2] float32: the row max and
     # the row sum of p. p <= 1, so p @ v is bounded by kb x max |v| and stores in the values' own precision.
-    has_mask, causal, q_start, sq, sk, scale_bits, k_start = params
     q, k, v, pv, stats = ops[0], ops[1], ops[2], ops[-2], ops[-1]
-    s, acc = _scores(q, k, ops[3] if has_mask else None, causal, q_start, sq, k_start, sk, i2f(scale_bits))
+    s, acc = _scores(q, k, ops[3] if first(params, 0) else None, params, column(params, 6))
     top = np.max(s, axis=-1, keepdims=True)
     finite = np.isfinite(top)
     p = np.exp(s - np.where(finite, top, acc(0)))  # a block with every key masked contributes p = 0
-    pv[...] = np.matmul(p, v.astype(acc)).astype(pv.dtype)
+    pv[...] = np.matmul(p, v.astype(acc, copy=False)).astype(pv.dtype, copy=False)
     stats[..., 0:1] = np.where(finite, top, -np.inf)
     stats[..., 1:2] = np.sum(p, axis=-1, keepdims=True)
 
@@ -69,7 +73,7 @@ def _attention_partial(ops, params) -> None:
 def _attention_combine(ops, params) -> None:
     # params: (blocks,). operands: `blocks` p @ v partials [r, dv], then `blocks` stats [r, 2] (attention_partial's),
     # out [r, dv]; combined in float32
-    nb = int(params[0])
+    nb = first(params, 0)
     pv = np.stack([o.astype(np.float32) for o in ops[:nb]])
     st = np.stack([o.astype(np.float32) for o in ops[nb: 2 * nb]])
     m = st[..., 0:1]
@@ -90,5 +94,5 @@ def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
     return nb * per_block + cost_terms.vector_cycles(chip, "divide", r * dv, "float32")
 
 
-register("attention_partial", _attention_partial, (-2, -1), _attention_cycles)
-register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles)
+register("attention_partial", _attention_partial, (-2, -1), _attention_cycles, uniform=(0, 1, 5))
+register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles, uniform=(0,))

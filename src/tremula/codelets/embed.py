@@ -13,14 +13,17 @@ class IndexOutOfRange(Exception):
 
 
 def _embed(ops, params) -> None:
-    # operands: ids [1, n] (integer), table [V, c], out [n, c]
+    # operands: ids [1, m] (integer), table [V, c], out [m, c]; stacked: [n, 1, m], [n, V, c], [n, m, c]
     ids, table, out = ops
-    v = table.shape[0]
-    idx = ids.reshape(-1).astype(np.int64)
+    v = table.shape[-2]
+    idx = ids.reshape(ids.shape[:-2] + (-1,)).astype(np.int64)
     idx = np.where(idx < 0, idx + v, idx)
     if np.any(idx < 0) or np.any(idx >= v):
         raise IndexOutOfRange(f"Gather index out of range [0, {v})")
-    out[...] = table[idx]
+    if table.ndim == 2:
+        out[...] = table[idx]
+    else:  # vertex i picks rows of its own table
+        out[...] = table[np.arange(len(table))[:, None], idx]
 
 
 def _embed_cycles(chip, params, shapes, dtypes) -> int:
@@ -28,4 +31,4 @@ def _embed_cycles(chip, params, shapes, dtypes) -> int:
     return n * cost_terms.copy_cycles(chip, c * np.dtype(dtypes[1]).itemsize)
 
 
-register("embed", _embed, (-1,), _embed_cycles, batchable=False)
+register("embed", _embed, (-1,), _embed_cycles)

@@ -4,6 +4,10 @@ QUARTER tensors are one byte per element (uint8 codes) plus per-tensor metadata 
 Poplar keeps them. An activation's scale is calibrated at compile time and travels as a vertex parameter; a weight's
 scale is found from its max-abs when the weights are loaded and sits on the tile as a one-byte int8 metadata operand.
 Format ids in params: 0 = F143, 1 = F152.
+
+Operands are stacks of vertices ([n, rows, cols]). The quarter matmul decodes codes through a 256-entry table (the
+decode is exact) and runs each group of K as float32 BLAS matmuls on the whole stack, rounding the running sum to half
+after every group as `amp_fp8_matmul` (the reference) does.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from tremula import cost
-from tremula.codelets import register
-from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, quantize
+from tremula.codelets import first, register
+from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, dequantize, quantize
+
+__all__ = ["FORMATS", "amp_fp8_matmul", "amp_matmul_stack", "format_id"]  # amp_fp8_matmul: the reference, re-exported
 from tremula.plan import cost_terms
 
 FORMATS = (Fp8Format.F143, Fp8Format.F152)
@@ -26,9 +32,15 @@ def _cast(ops: list[np.ndarray], params) -> None:
     # params: (format id, scale, stochastic, seed). operands: x [rows, cols] float, out codes [rows, cols] uint8.
     # The hardware converts float -> half -> quarter; quantize() follows that path, saturating.
     x, out = ops
-    fmt, scale, stochastic, seed = FORMATS[int(params[0])], int(params[1]), int(params[2]), int(params[3])
-    rng = np.random.default_rng(seed) if stochastic else None
-    out[...] = quantize(x, fmt, scale, "stochastic" if stochastic else "nearest", rng)
+    fmt, scale, stochastic = FORMATS[first(params, 0)], first(params, 1), first(params, 2)
+    if not stochastic:
+        out[...] = quantize(x, fmt, scale)
+        return
+    p = np.asarray(params, np.int64).reshape(-1, 4)
+    if x.ndim == 2:
+        x, out = x[None], out[None]
+    for i in range(len(x)):  # each vertex draws from its own seeded generator, as each tile would
+        out[i] = quantize(x[i], fmt, scale, "stochastic", np.random.default_rng(int(p[i, 3])))
 
 
 def _cast_cycles(chip, params, shapes, dtypes) -> int:
@@ -38,20 +50,70 @@ def _cast_cycles(chip, params, shapes, dtypes) -> int:
     return passes * cost_terms.vector_cycles(chip, "copy", n, "float16")
 
 
+# code -> float32 value at scale 0, per format (the NaN code decodes to NaN)
+_DECODE = {f: dequantize(np.arange(256, dtype=np.uint8), f, 0, "float32") for f in FORMATS}
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+def round_to_half(v: np.ndarray) -> np.ndarray:
+    """float32 values (finite, |v| <= 65504) rounded to the nearest half value, ties to even, kept in float32: the
+    same numbers as v.astype(float16).astype(float32), in float32 arithmetic (several times faster than NumPy's half
+    casts). Adding M = 2**13 x the value's binade (at least 2**-14, the half subnormal range) rounds it to a multiple
+    of M's float32 ulp, which is the half quantum there; subtracting M back is exact. Works in place on v."""
+    a = np.abs(v)
+    m = (a.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)  # 2**exponent (0 for zero)
+    np.maximum(m, np.float32(2.0**-14), out=m)
+    m *= np.float32(2.0**13)
+    a += m
+    a -= m
+    return np.copysign(a, v, out=v)
+
+
+def amp_matmul_stack(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format, w_fmt: Fp8Format, x_scale: int,
+                     w_scale: np.ndarray, group: int) -> np.ndarray:
+    """`amp_fp8_matmul` on a stack [n, m, k] @ [n, k, n'] with one weight scale per vertex (w_scale [n, 1, 1]).
+
+    The same float32 products per group of K (one BLAS matmul per vertex and group, on the same strided blocks), the
+    same scaling, clipping and rounding of the running sum to half after each group, so the result is bit-identical;
+    the running sum stays in float32 holding half values (round_to_half) instead of going through half arrays.
+    """
+    x, w = _DECODE[x_fmt][x_codes], _DECODE[w_fmt][w_codes]
+    n, m, k = x.shape
+    scale = (2.0 ** (x_scale + w_scale.astype(np.int64))).astype(np.float32)
+    if k % group == 0:  # every group's product in one stacked call: [n, groups, m, group] @ [n, groups, group, n']
+        parts = np.matmul(x.reshape(n, m, k // group, group).transpose(0, 2, 1, 3),
+                          w.reshape(n, k // group, group, w.shape[-1]))
+        parts = [parts[:, j] for j in range(k // group)]
+    else:
+        parts = [np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :]) for k0 in range(0, k, group)]
+    acc = np.zeros((n, m, w.shape[-1]), np.float32)  # +0, as the reference's zero half partials
+    for part in parts:
+        acc = np.clip(acc + part * scale, -_F16_MAX, _F16_MAX)  # partials saturate
+        if not np.isfinite(acc).all():  # NaN codes: let the half casts carry the NaNs as the reference does
+            return _amp_with_half_casts(parts, scale)
+        acc = round_to_half(acc)
+    return acc
+
+
+def _amp_with_half_casts(parts: list[np.ndarray], scale: np.ndarray) -> np.ndarray:
+    acc = np.zeros(parts[0].shape, np.float16)
+    for part in parts:
+        acc = np.clip(acc.astype(np.float32) + part * scale, -_F16_MAX, _F16_MAX).astype(np.float16)
+    return acc.astype(np.float32)
+
+
 def _matmul_fp8(ops: list[np.ndarray], params) -> None:
     # params: (has_bias, x format, w format, x scale, k group). operands: x codes [m,k] uint8,
     # w codes [k,n] uint8, w scale [1,1] int8, (bias [1,n] half), out [m,n] (half; the half partials when K is split).
-    has_bias, xf, wf, xs, group = (int(p) for p in params[:5])
+    has_bias, xf, wf, xs, group = (first(params, j) for j in range(5))
     x, w, wscale, out = ops[0], ops[1], ops[2], ops[-1]
-    w_scale = int(np.asarray(wscale).reshape(-1)[0]) if wscale.ndim == 2 else wscale.reshape(len(wscale), -1)[:, :1]
-    if np.ndim(w_scale):  # a stack of vertices (batched): one weight scale per vertex
-        y = np.stack([amp_fp8_matmul(x[i], w[i], FORMATS[xf], FORMATS[wf], xs, int(w_scale[i, 0]), group)
-                      for i in range(len(x))])
-    else:
-        y = amp_fp8_matmul(x, w, FORMATS[xf], FORMATS[wf], xs, w_scale, group)
+    single = x.ndim == 2
+    if single:
+        x, w, wscale = x[None], w[None], wscale[None]
+    y = amp_matmul_stack(x, w, FORMATS[xf], FORMATS[wf], xs, wscale.reshape(len(x), -1)[:, :1, None], group)
     if has_bias:
         y = y + ops[3].astype(np.float32)
-    out[...] = y.astype(out.dtype)
+    out[...] = (y[0] if single else y).astype(out.dtype)
 
 
 def _matmul_fp8_cycles(chip, params, shapes, dtypes) -> int:
@@ -62,5 +124,5 @@ def _matmul_fp8_cycles(chip, params, shapes, dtypes) -> int:
     return c
 
 
-register("fp8_cast", _cast, (-1,), _cast_cycles)
-register("matmul_fp8", _matmul_fp8, (-1,), _matmul_fp8_cycles)
+register("fp8_cast", _cast, (-1,), _cast_cycles, uniform=(0, 1, 2))
+register("matmul_fp8", _matmul_fp8, (-1,), _matmul_fp8_cycles, uniform=(0, 1, 2, 3, 4))

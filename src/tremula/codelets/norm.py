@@ -1,10 +1,13 @@
-"""Row codelets: LayerNorm, Softmax and last-axis reductions, accumulating half in float as the hardware does."""
+"""Row codelets: LayerNorm, Softmax and last-axis reductions, accumulating half in float as the hardware does.
+
+Operands are stacks of vertices ([n, rows, cols]); every formula works along the last axis, so a stack is one call.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tremula.codelets import i2f, register
+from tremula.codelets import first, i2f, register
 from tremula.plan import cost_terms
 
 
@@ -14,8 +17,8 @@ def _layernorm(ops, params) -> None:
     acc = x.astype(np.float32) if x.dtype == np.float16 else x
     mu = acc.mean(axis=-1, keepdims=True)
     var = ((acc - mu) ** 2).mean(axis=-1, keepdims=True)
-    y = (acc - mu) / np.sqrt(var + np.asarray(i2f(params[0]), acc.dtype)) * g.astype(acc.dtype)
-    if params[1]:
+    y = (acc - mu) / np.sqrt(var + np.asarray(i2f(first(params, 0)), acc.dtype)) * g.astype(acc.dtype)
+    if first(params, 1):
         y = y + ops[2].astype(acc.dtype)
     out[...] = y.astype(out.dtype)
 
@@ -45,7 +48,7 @@ def _ln_apply(ops, params) -> None:
     # The parts' widths are even_cuts(cols, parts); the combine (Chan et al.) runs in part order, so every block of a
     # row computes the same mean and variance, and they equal the two-pass ones up to float32 rounding.
     x, mom, g, out = ops[0], ops[1], ops[2], ops[-1]
-    parts, cols = int(params[2]), int(params[3])
+    parts, cols = first(params, 2), first(params, 3)
     r = x.shape[-2]
     m = mom.astype(np.float32).reshape(mom.shape[:-2] + (parts, r, 2))
     base, extra = divmod(cols, parts)
@@ -54,8 +57,8 @@ def _ln_apply(ops, params) -> None:
     mean = (n * mu_p).sum(axis=-2) / np.float32(cols)
     var = (m2_p + n * (mu_p - mean[..., None, :]) ** 2).sum(axis=-2) / np.float32(cols)
     acc = x.astype(np.float32)
-    y = (acc - mean[..., None]) / np.sqrt(var[..., None] + np.float32(i2f(params[0]))) * g.astype(np.float32)
-    if params[1]:
+    y = (acc - mean[..., None]) / np.sqrt(var[..., None] + np.float32(i2f(first(params, 0)))) * g.astype(np.float32)
+    if first(params, 1):
         y = y + ops[3].astype(np.float32)
     out[...] = y.astype(out.dtype)
 
@@ -93,7 +96,7 @@ _REDUCE_FNS = list(REDUCE.values())
 def _reduce(ops, params) -> None:
     x, out = ops
     acc = np.float32 if x.dtype == np.float16 else x.dtype
-    out[...] = _REDUCE_FNS[params[0]](x.astype(acc), axis=-1, keepdims=True).astype(out.dtype)
+    out[...] = _REDUCE_FNS[first(params, 0)](x.astype(acc), axis=-1, keepdims=True).astype(out.dtype)
 
 
 def _reduce_cycles(chip, params, shapes, dtypes) -> int:
@@ -101,8 +104,8 @@ def _reduce_cycles(chip, params, shapes, dtypes) -> int:
     return cost_terms.reduce_cycles(chip, r, c, dtypes[0])
 
 
-register("layernorm", _layernorm, (-1,), _layernorm_cycles)
+register("layernorm", _layernorm, (-1,), _layernorm_cycles, uniform=(0, 1))
 register("layernorm_moments", _ln_moments, (-1,), _ln_moments_cycles)
-register("layernorm_apply", _ln_apply, (-1,), _ln_apply_cycles)
+register("layernorm_apply", _ln_apply, (-1,), _ln_apply_cycles, uniform=(0, 1, 2, 3))
 register("softmax", _softmax, (-1,), _softmax_cycles)
-register("reduce", _reduce, (-1,), _reduce_cycles)
+register("reduce", _reduce, (-1,), _reduce_cycles, uniform=(0,))

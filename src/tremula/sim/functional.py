@@ -1,13 +1,20 @@
 """The functional simulator: executes a Program on tile SRAM held as bytes; it never evaluates a Graph op.
 
-Memory is one uint8 array [tiles, bytes]; a vertex sees views of its own tile's bytes at the addresses the Program
-gives; data crosses tiles only through the exchange's transfers. Weights are materialised at load time from the
-Graph's constants (a Program stores references, see program.py).
+Memory is one uint8 array [tiles, bytes]; a vertex sees its own tile's bytes at the addresses the Program gives; data
+crosses tiles only through the exchange's transfers. Weights are materialised at load time from the Graph's constants
+(a Program stores references, see program.py).
 
-Check mode fills memory with a poison byte pattern and keeps a shadow "written" bitmap, and fails with SimCheckError on:
-reading bytes nothing wrote (vertex operand, transfer source, host output), an address outside the tile's SRAM or
-outside every planned buffer, two vertices (or two transfers) writing overlapping bytes in one step, and an exchange
-reading bytes the same exchange writes.
+Execution is vectorised: the vertices of a group whose operand shapes (and code-path params) agree run as one stack.
+Each operand of the stack is gathered from the tiles' bytes with one fancy index (a window of the operand's bytes at
+every vertex's tile * SRAM + address), the codelet runs once on the stacked blocks and the outputs are scattered back
+the same way. An exchange copies all its rows of one length with one gather and one scatter.
+
+Check mode keeps a shadow "written" bitmap (one bit per byte), and fails with SimCheckError on: reading bytes nothing
+wrote (vertex operand, transfer source, host output), two vertices (or two transfers) writing
+overlapping bytes in one step, and an exchange reading bytes the same exchange writes. In both modes an address
+outside the tile's SRAM or outside every planned buffer fails. Memory starts as zeros (pages the program never touches
+cost nothing); in check mode no unwritten byte is ever read, so its value cannot matter. A codelet's output buffers
+start as a poison pattern, so a byte a codelet forgot to write shows as a wrong but finite value.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
-from tremula.codelets import codelet
+from tremula.codelets import Codelet, codelet
 from tremula.codelets.embed import IndexOutOfRange
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
@@ -24,25 +32,118 @@ from tremula.program import Program, VertexGroup
 
 # As float32 0xA5A5A5A5 is -2.9e-16, as float16 0xA5A5 is -0.022: wrong but finite, so reads must be caught.
 POISON = 0xA5
-CHUNK_BYTES = 1 << 24  # exchange bytes copied per vectorised batch
+CHUNK_BYTES = 1 << 24  # bytes gathered per vectorised batch (bounds the temporaries of a big step)
+WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+ONES = {w: (1 << (8 * w)) - 1 for w in WORDS}  # a word of the written map with all its bytes' bits set
+_NO_EDGES = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8))
 
 
 class SimCheckError(TremulaError):
     """The simulated program broke a rule (unwritten read, out of bounds, overlapping writes)."""
 
 
-def _first_overlap(tile: np.ndarray, start: np.ndarray, end: np.ndarray) -> int | None:
-    """Index (in sorted order) of an interval overlapping an earlier one on the same tile, else None."""
+def _sorted_rows(tile: np.ndarray, start: np.ndarray, nbytes: np.ndarray, flag: np.ndarray | None = None):
+    """(tile, start, end, flag) of byte ranges sorted by tile and start. One packed uint64 key per range (tile,
+    start, length, flag bit fields) sorts several times faster than a lexsort of the columns."""
+    flag = np.zeros(len(tile), bool) if flag is None else flag
+    a_bits = max(int(start.max(initial=0)), int(nbytes.max(initial=0))).bit_length()
+    if int(tile.max(initial=0)).bit_length() + 2 * a_bits + 1 > 64:  # (never for real SRAM sizes)
+        order = np.lexsort((start, tile))
+        return tile[order], start[order], start[order] + nbytes[order], flag[order]
+    sh_t, sh_s, mask = np.uint64(2 * a_bits + 1), np.uint64(a_bits + 1), np.uint64((1 << a_bits) - 1)
+    key = np.sort((tile.astype(np.uint64) << sh_t) | (start.astype(np.uint64) << sh_s)
+                  | (nbytes.astype(np.uint64) << np.uint64(1)) | flag.astype(np.uint64))
+    s = ((key >> sh_s) & mask).astype(np.int64)
+    e = s + ((key >> np.uint64(1)) & mask).astype(np.int64)
+    return (key >> sh_t).astype(np.int64), s, e, (key & np.uint64(1)).astype(bool)
+
+
+def _first_overlap(tile: np.ndarray, start: np.ndarray, nbytes: np.ndarray) -> tuple[int, int] | None:
+    """(tile, start) of a byte range overlapping an earlier one (in address order) on the same tile, else None."""
     if len(tile) < 2:
         return None
-    order = np.lexsort((start, tile))
-    t, s, e = tile[order], start[order], end[order]
+    t, s, e, _ = _sorted_rows(tile, start, nbytes)
     # Running max of ends within each tile (tiles are sorted, so offset by tile to keep groups apart).
-    big = int(e.max()) + 1
-    run = np.maximum.accumulate(e + t * big) - t * big
-    bad = (t[1:] == t[:-1]) & (s[1:] < run[:-1])
-    idx = np.flatnonzero(bad)
-    return int(order[idx[0] + 1]) if len(idx) else None
+    span = int(e.max()) + 1
+    run = np.maximum.accumulate(e + t * span) - t * span
+    bad = np.flatnonzero((t[1:] == t[:-1]) & (s[1:] < run[:-1]))
+    return (int(t[bad[0] + 1]), int(s[bad[0] + 1])) if len(bad) else None
+
+
+def _by_length(nbytes: np.ndarray) -> list[np.ndarray]:
+    """Indices of the rows grouped by length, each group in its original order (a source row's destinations stay
+    together, so the source is read from cache). An exchange has few distinct lengths: a mask per length is cheaper
+    than sorting millions of rows; many lengths (timetable pieces) fall back to one sort."""
+    groups, rest = [], np.arange(len(nbytes))
+    for _ in range(8):
+        if not len(rest):
+            return groups
+        same = nbytes[rest] == nbytes[rest[0]]
+        groups.append(rest[same])
+        rest = rest[~same]
+    if len(rest):
+        key = np.sort((nbytes[rest].astype(np.uint64) << np.uint64(32)) | rest.astype(np.uint64))
+        lens = key >> np.uint64(32)
+        idx = (key & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        groups.extend(np.split(idx, np.flatnonzero(lens[1:] != lens[:-1]) + 1))
+    return groups
+
+
+def _spans(starts: np.ndarray, nbytes: int):
+    """The bits of the written map (one bit per byte, 8 to a map byte) that the byte rows [start, start + nbytes)
+    cover: ([(rows, first map byte of each, map bytes per row)] for whole map bytes, grouped by start % 8 so the count
+    is one per group, and (row, map byte, bit mask) of the partly covered map bytes at the rows' ends)."""
+    if nbytes == 0:
+        return [], _NO_EDGES
+    off = starts & 7
+    if nbytes % 8 == 0 and not off.any():
+        return [(np.arange(len(starts)), starts >> 3, nbytes >> 3)], _NO_EDGES
+    whole, e_row, e_byte, e_mask = [], [], [], []
+    for o in (int(x) for x in np.unique(off)):
+        rows = np.flatnonzero(off == o)
+        q = starts[rows] >> 3  # the map byte holding each row's first byte
+        head = 1 if o else 0
+        end = (o + nbytes) >> 3  # map bytes from q to the one holding the row's end
+        if end - head > 0:
+            whole.append((rows, q + head, end - head))
+        tail = (o + nbytes) & 7
+        if o:  # the first map byte: bits o.. (up to the row's end when the row ends in it)
+            e_row.append(rows)
+            e_byte.append(q)
+            e_mask.append(np.full(len(rows), ((1 << min(8, o + nbytes)) - 1) & ~((1 << o) - 1) & 0xFF, np.uint8))
+        if tail and not (o and end == 0):  # the last map byte, unless the row ends in its first one
+            e_row.append(rows)
+            e_byte.append(q + end)
+            e_mask.append(np.full(len(rows), (1 << tail) - 1, np.uint8))
+    if not e_row:
+        return whole, _NO_EDGES
+    return whole, (np.concatenate(e_row), np.concatenate(e_byte), np.concatenate(e_mask))
+
+
+def _width(nbytes: int, *starts: np.ndarray) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) that divides the length and every start: fewer, wider elements to copy."""
+    w = 8
+    while w > 1 and (nbytes % w or any((s % w).any() for s in starts)):
+        w //= 2
+    return w
+
+
+def _stacks(g: VertexGroup, cl: Codelet, nbytes: np.ndarray) -> list[np.ndarray]:
+    """The vertices of a group in stacks that one codelet call can run: equal operand shapes and uniform params, at
+    most about CHUNK_BYTES of operands each."""
+    n = len(g)
+    keys = np.concatenate([g.shapes.reshape(n, -1), g.params[:, list(cl.uniform)]], axis=1)
+    if n == 1 or (keys == keys[0]).all():
+        groups = [np.arange(n)]
+    else:
+        _, inv = np.unique(keys, axis=0, return_inverse=True)
+        order = np.argsort(inv.reshape(-1), kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(inv.reshape(-1)[order])) + 1)
+    out = []
+    for sel in groups:
+        per = max(1, CHUNK_BYTES // max(1, int(nbytes[sel[0]].sum())))
+        out.extend(sel[i: i + per] for i in range(0, len(sel), per))
+    return out
 
 
 class Machine:
@@ -53,9 +154,62 @@ class Machine:
         ends = bt.b_addr + bt.b_size
         self.size = int(ends.max()) if len(ends) else 8
         self.size = min(max(self.size, 8), program.sram_bytes_per_tile)
-        self.size = (self.size + 7) // 8 * 8  # word views of the whole memory need a multiple of 8 bytes
-        self.mem = np.full((program.tiles, self.size), POISON if check else 0, np.uint8)
-        self.written = np.zeros((program.tiles, self.size), bool) if check else None
+        # Word views of the whole memory need a multiple of 8 bytes, and so do those of the written map (one bit a
+        # byte): 64. (A 1-tile chip whose memory was 24 bytes had a 3-byte map, and its 2-byte view failed.)
+        self.size = (self.size + 63) // 64 * 64
+        self.mem = np.zeros((program.tiles, self.size), np.uint8)
+        # One bit per byte (bit j of map byte i is memory byte 8i + j): an eighth of the bytes to scatter and gather.
+        self.written = np.zeros((program.tiles, self.size // 8), np.uint8) if check else None
+
+    # ------------------------------------------------------------------------------------------------ bytes
+    @staticmethod
+    def _windows(arr: np.ndarray, nbytes: int, w: int) -> np.ndarray:
+        """Every w-aligned window of nbytes in the flat byte array, as rows of w-byte words: row i starts at byte w*i.
+        Indexing it with starts // w gathers (or scatters) one operand block per row."""
+        words = arr.reshape(-1).view(WORDS[w])
+        n = nbytes // w
+        return as_strided(words, (len(words) - n + 1, n), (w, w))
+
+    def _gather(self, starts: np.ndarray, nbytes: int) -> np.ndarray:
+        """The blocks of nbytes at flat byte offsets `starts`, as uint8 [n, nbytes]."""
+        w = _width(nbytes, starts)
+        return self._windows(self.mem, nbytes, w)[starts // w].view(np.uint8)
+
+    def _scatter(self, starts: np.ndarray, data: np.ndarray) -> None:
+        """Write rows of bytes (uint8 [n, nbytes]) at flat byte offsets `starts`, and mark them written."""
+        nbytes = data.shape[1]
+        w = _width(nbytes, starts)
+        self._windows(self.mem, nbytes, w)[starts // w] = data.view(WORDS[w])
+        if self.written is not None:
+            whole, (_, e_byte, e_mask) = _spans(starts, nbytes)
+            for _, first, count in whole:
+                v = _width(count, first)
+                self._windows(self.written, count, v)[first // v] = ONES[v]
+            if len(e_byte):  # (rows side by side may share an edge byte of the map: or.at adds every row's bits)
+                np.bitwise_or.at(self.written.reshape(-1), e_byte, e_mask)
+
+    def _unwritten(self, starts: np.ndarray, nbytes: int) -> tuple[int, int] | None:
+        """(row, byte offset) of the first unwritten byte of the rows [start, start + nbytes), or None when all are
+        written."""
+        whole, (e_row, e_byte, e_mask) = _spans(starts, nbytes)
+        ok = np.ones(len(starts), bool)
+        for rows, first, count in whole:
+            v = _width(count, first)
+            got = self._windows(self.written, count, v)[first // v]
+            if len(got) and got.min() != ONES[v]:
+                ok[rows] &= (got == ONES[v]).all(axis=1)
+        if len(e_byte):
+            e_ok = (self.written.reshape(-1)[e_byte] & e_mask) == e_mask
+            ok[e_row[~e_ok]] = False
+        if ok.all():
+            return None
+        i = int(np.argmin(ok))  # the first failing row, and its first unwritten byte
+        s0 = int(starts[i])
+        bits = np.unpackbits(self.written.reshape(-1)[s0 >> 3: (s0 + nbytes + 7) >> 3], bitorder="little")
+        return i, int(np.argmin(bits[s0 & 7: (s0 & 7) + nbytes]))
+
+    def _flat(self, tile, addr) -> np.ndarray:
+        return np.asarray(tile, np.int64) * self.size + np.asarray(addr, np.int64)
 
     # ------------------------------------------------------------------------------------------------ checks
     def _bounds(self, what: str, tile, addr, nbytes) -> None:
@@ -68,28 +222,39 @@ class Machine:
         if ((addr + nbytes) > self.size).any():
             raise SimCheckError(f"{what}: address beyond every planned buffer (simulated SRAM is {self.size} bytes)")
 
-    def _read_ok(self, what: str, tile: int, addr: int, nbytes: int) -> None:
-        if self.written is not None and not self.written[tile, addr: addr + nbytes].all():
-            k = int(np.argmin(self.written[tile, addr: addr + nbytes]))
-            raise SimCheckError(f"{what}: reads unwritten byte {addr + k} on tile {tile}")
-
     # ------------------------------------------------------------------------------------------------ loading
     def load_weights(self, graph: Graph) -> None:
+        """Every weight block at its tiles and addresses: one gather from the constant and one scatter per block
+        shape of a constant."""
+        cs = self.p.consts
+        if not cs:
+            return
+        keys: dict[tuple[str, str, int, int], list[int]] = {}
+        for i, c in enumerate(cs):
+            keys.setdefault((c.name, c.dtype, c.r1 - c.r0, c.c1 - c.c0), []).append(i)
         cache: dict[tuple[str, str], np.ndarray] = {}
-        for c in self.p.consts:
-            key = (c.name, c.dtype)
-            if key not in cache:
-                if c.name not in graph.constants:
-                    raise TremulaError(f"the program needs constant {c.name!r}, which the model does not have")
-                v = graph.constants[c.name].value()
-                cols = v.shape[-1] if v.ndim else 1
-                cache[key] = np.ascontiguousarray(v.reshape(-1, cols).astype(c.dtype))
-            block = np.ascontiguousarray(cache[key][c.r0: c.r1, c.c0: c.c1]).view(np.uint8).reshape(-1)
-            if not (0 <= c.addr and c.addr + len(block) <= self.size and 0 <= c.tile < self.p.tiles):
-                self._bounds(f"weights {c.name}", c.tile, c.addr, len(block))
-            self.mem[c.tile, c.addr: c.addr + len(block)] = block
-            if self.written is not None:
-                self.written[c.tile, c.addr: c.addr + len(block)] = True
+        for (name, dtype, rows, cols), idx in keys.items():
+            if (name, dtype) not in cache:
+                if name not in graph.constants:
+                    raise TremulaError(f"the program needs constant {name!r}, which the model does not have")
+                v = graph.constants[name].value()
+                width = v.shape[-1] if v.ndim else 1
+                cache[(name, dtype)] = np.ascontiguousarray(v.reshape(-1, width).astype(dtype))
+            src = cache[(name, dtype)]
+            r0 = np.array([cs[i].r0 for i in idx], np.int64)
+            c0 = np.array([cs[i].c0 for i in idx], np.int64)
+            tile = np.array([cs[i].tile for i in idx], np.int64)
+            addr = np.array([cs[i].addr for i in idx], np.int64)
+            nbytes = rows * cols * src.itemsize
+            self._bounds(f"weights {name}", tile, addr, np.full(len(idx), nbytes))
+            if nbytes == 0:
+                continue
+            if ((r0 < 0) | (r0 + rows > src.shape[0]) | (c0 < 0) | (c0 + cols > src.shape[1])).any():
+                raise TremulaError(f"the program reads a block outside constant {name!r}")
+            # Windows [rows, cols] at every (row, col) of the constant; pick each image's block.
+            win = as_strided(src, (src.shape[0] - rows + 1, src.shape[1] - cols + 1, rows, cols), src.strides * 2)
+            blocks = np.ascontiguousarray(win[r0, c0]).reshape(len(idx), -1).view(np.uint8)
+            self._scatter(self._flat(tile, addr), blocks)
 
     def host_in(self, feeds: dict[str, np.ndarray]) -> None:
         for s in self.p.host_in:
@@ -101,14 +266,14 @@ class Machine:
                 raise TremulaError(f"input {s.name!r} has shape {tuple(x.shape)}, the program expects {tuple(shape)}")
             flat = np.ascontiguousarray(x.astype(s.dtype)).reshape(-1)
             isz = np.dtype(s.dtype).itemsize
-            for r in range(s.rows):
-                e0 = s.elem_offset + r * s.elem_stride
-                data = flat[e0: e0 + s.cols].view(np.uint8)
-                a = s.addr + r * s.cols * isz
-                self._bounds(f"host stream {s.name}", s.tile, a, len(data))
-                self.mem[s.tile, a: a + len(data)] = data
-                if self.written is not None:
-                    self.written[s.tile, a: a + len(data)] = True
+            r = np.arange(s.rows, dtype=np.int64)
+            e0 = s.elem_offset + r * s.elem_stride
+            addr = s.addr + r * s.cols * isz
+            self._bounds(f"host stream {s.name}", s.tile, addr, s.cols * isz)
+            if s.rows and ((e0 < 0) | (e0 + s.cols > len(flat))).any():
+                raise TremulaError(f"host stream {s.name} reads outside the input")
+            rows = flat[e0[:, None] + np.arange(s.cols)].view(np.uint8).reshape(s.rows, -1)
+            self._scatter(self._flat(s.tile, addr), rows)
 
     def host_out(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -117,124 +282,93 @@ class Machine:
             if s.name not in out:
                 out[s.name] = np.zeros(int(np.prod(shape, dtype=np.int64)), s.dtype)
             isz = np.dtype(s.dtype).itemsize
-            for r in range(s.rows):
-                a = s.addr + r * s.cols * isz
-                self._bounds(f"host stream {s.name}", s.tile, a, s.cols * isz)
-                self._read_ok(f"output {s.name}", s.tile, a, s.cols * isz)
-                e0 = s.elem_offset + r * s.elem_stride
-                out[s.name][e0: e0 + s.cols] = self.mem[s.tile, a: a + s.cols * isz].view(s.dtype)
+            r = np.arange(s.rows, dtype=np.int64)
+            addr = s.addr + r * s.cols * isz
+            self._bounds(f"host stream {s.name}", s.tile, addr, s.cols * isz)
+            starts = self._flat(s.tile, addr)
+            if self.written is not None:
+                bad = self._unwritten(starts, s.cols * isz)
+                if bad is not None:
+                    raise SimCheckError(f"output {s.name}: reads unwritten byte {int(addr[bad[0]]) + bad[1]} on tile "
+                                        f"{s.tile}")
+            e0 = s.elem_offset + r * s.elem_stride
+            out[s.name][e0[:, None] + np.arange(s.cols)] = self._gather(starts, s.cols * isz).view(s.dtype)
         return {k: v.reshape(self.p.io_types[k][0]) for k, v in out.items()}
 
     # ------------------------------------------------------------------------------------------------ steps
     def compute(self, k: int) -> None:
         step = self.p.steps[k]
-        w_tile, w_start, w_end = [], [], []
+        w_tile, w_start, w_len = [], [], []
         for g in step.compute:
             cl = codelet(g.codelet)
             n_ops = len(g.dtypes)
             outs = cl.written(n_ops)
             isz = np.array([np.dtype(d).itemsize for d in g.dtypes], np.int64)
             nbytes = g.shapes[:, :, 0] * g.shapes[:, :, 1] * isz[None, :]
+            self._bounds(f"step {k} {g.codelet}", g.tiles[:, None], g.addrs, nbytes)
+            for sel in _stacks(g, cl, nbytes):
+                self._run(k, g, cl, outs, sel, nbytes)
             if self.check:
-                self._bounds(f"step {k} {g.codelet}", g.tiles[:, None], g.addrs, nbytes)
-            if cl.batchable and len(g) > 1:
-                # Vertices with the same shapes and params run as one stacked call.
-                keys = np.concatenate([g.shapes.reshape(len(g), -1), g.params], axis=1)
-                _, inv = np.unique(keys, axis=0, return_inverse=True)
-                inv = inv.reshape(-1)
-                for u in range(int(inv.max()) + 1):
-                    sel = np.flatnonzero(inv == u)
-                    sub = VertexGroup(g.codelet, g.dtypes, g.tiles[sel], g.params[sel], g.addrs[sel], g.shapes[sel])
-                    if len(sel) > 1:
-                        self._compute_batched(k, sub, cl, outs, nbytes[sel])
-                    else:
-                        self._compute_each(k, sub, cl, outs, nbytes[sel])
-            else:
-                self._compute_each(k, g, cl, outs, nbytes)
-            for a in outs:
-                w_tile.append(g.tiles.astype(np.int64))
-                w_start.append(g.addrs[:, a])
-                w_end.append(g.addrs[:, a] + nbytes[:, a])
+                for a in outs:
+                    w_tile.append(g.tiles.astype(np.int64))
+                    w_start.append(g.addrs[:, a])
+                    w_len.append(nbytes[:, a])
         if self.check and w_tile:
-            t, s, e = np.concatenate(w_tile), np.concatenate(w_start), np.concatenate(w_end)
-            j = _first_overlap(t, s, e)
+            j = _first_overlap(np.concatenate(w_tile), np.concatenate(w_start), np.concatenate(w_len))
             if j is not None:
-                raise SimCheckError(f"step {k} ({step.label}): two vertices write overlapping bytes on tile {t[j]} "
-                                    f"at byte {s[j]}")
+                raise SimCheckError(f"step {k} ({step.label}): two vertices write overlapping bytes on tile {j[0]} "
+                                    f"at byte {j[1]}")
 
-    def _words(self, w: int) -> tuple[np.ndarray, np.ndarray | None, int]:
-        """Memory (and the written map) as w-byte words, and the value of a fully written word."""
-        dt = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[w]
-        mem = self.mem.reshape(-1).view(dt)
-        wr = self.written.reshape(-1).view(dt) if self.written is not None else None
-        return mem, wr, int.from_bytes(b"\x01" * w, "little")
-
-    def _compute_batched(self, k: int, g, cl, outs: list[int], nbytes: np.ndarray) -> None:
-        """All vertices of the group have the same shapes and params: run the codelet once on stacked operands."""
-        n = len(g)
-        base = g.tiles.astype(np.int64) * self.size
-        idx, views, words = [], [], []
+    def _run(self, k: int, g: VertexGroup, cl: Codelet, outs: list[int], sel: np.ndarray, nbytes: np.ndarray) -> None:
+        """One stack of vertices (equal shapes, uniform params): gather every operand, run the codelet once, scatter
+        the outputs."""
+        n = len(sel)
+        base = g.tiles[sel].astype(np.int64) * self.size
+        ops, starts = [], []
         for a in range(len(g.dtypes)):
-            dt = np.dtype(g.dtypes[a])
-            w = dt.itemsize if not (g.addrs[:, a] % dt.itemsize).any() else 1
-            mem, wr, full = self._words(w)
-            ix = ((base + g.addrs[:, a]) // w)[:, None] + np.arange(int(nbytes[0, a]) // w)
-            if wr is not None and a not in outs:
-                ok = wr[ix] == full
-                if not ok.all():
-                    v, b = np.unravel_index(int(np.argmin(ok)), ok.shape)
-                    raise SimCheckError(f"step {k} ({self.p.steps[k].label}) {g.codelet} operand {a}: reads "
-                                        f"unwritten byte {int(g.addrs[v, a]) + int(b) * w} on tile {int(g.tiles[v])}")
-            idx.append(ix)
-            words.append(w)
-            r, c = (int(x) for x in g.shapes[0, a])
-            views.append(np.ascontiguousarray(mem[ix]).view(dt).reshape(n, r, c))
+            st = base + g.addrs[sel, a]
+            nb = int(nbytes[sel[0], a])
+            shape = (n, int(g.shapes[sel[0], a, 0]), int(g.shapes[sel[0], a, 1]))
+            if a in outs:  # written whole by the codelet; poison shows any byte it would leave behind
+                ops.append(np.full((n, nb), POISON, np.uint8).view(g.dtypes[a]).reshape(shape))
+            else:
+                if self.written is not None:
+                    bad = self._unwritten(st, nb)
+                    if bad is not None:
+                        v, b = sel[bad[0]], bad[1]
+                        raise SimCheckError(f"step {k} ({self.p.steps[k].label}) {g.codelet} operand {a}: reads "
+                                            f"unwritten byte {int(g.addrs[v, a]) + b} on tile {int(g.tiles[v])}")
+                ops.append(self._gather(st, nb).view(g.dtypes[a]).reshape(shape))
+            starts.append(st)
         try:
-            cl.run(views, g.params[0])
+            cl.run(ops, g.params[sel])
         except IndexOutOfRange as e:
             raise TremulaError(f"step {k} ({self.p.steps[k].label}): {e}") from None
         for a in outs:
-            mem, wr, full = self._words(words[a])
-            mem[idx[a]] = views[a].reshape(n, -1).view(mem.dtype)
-            if wr is not None:
-                wr[idx[a]] = full
-
-    def _compute_each(self, k: int, g, cl, outs: list[int], nbytes: np.ndarray) -> None:
-        step = self.p.steps[k]
-        n_ops = len(g.dtypes)
-        for i in range(len(g)):
-            t = int(g.tiles[i])
-            views = []
-            for a in range(n_ops):
-                addr, nb = int(g.addrs[i, a]), int(nbytes[i, a])
-                if self.check and a not in outs:
-                    self._read_ok(f"step {k} ({step.label}) {g.codelet} operand {a}", t, addr, nb)
-                views.append(self.mem[t, addr: addr + nb].view(g.dtypes[a]).reshape(g.shapes[i, a]))
-            try:
-                cl.run(views, g.params[i])
-            except IndexOutOfRange as e:
-                raise TremulaError(f"step {k} ({step.label}): {e}") from None
-            if self.written is not None:
-                for a in outs:
-                    self.written[t, int(g.addrs[i, a]): int(g.addrs[i, a] + nbytes[i, a])] = True
+            self._scatter(starts[a], np.ascontiguousarray(ops[a]).reshape(n, -1).view(np.uint8))
 
     def exchange(self, k: int) -> None:
         ex = self.p.steps[k].exchange
         n = len(ex)
         if n == 0:
             return
-        nd = np.diff(ex.dst_start)
-        ti = np.repeat(np.arange(n), nd)  # one entry per (transfer, destination)
-        rows = ex.rows[ti]
-        # Expand every 2-D pattern to its rows: (source tile, address) -> (destination tile, address), nbytes.
-        ri = np.repeat(np.arange(len(ti)), rows)
+        # Every transfer's rows: source (tile, address) and bytes, checked once however many destinations it has.
+        rows = ex.rows
+        ri = np.repeat(np.arange(n), rows)
         r_local = np.arange(len(ri)) - np.repeat(np.cumsum(rows) - rows, rows)
-        src_t = ex.src_tile[ti][ri].astype(np.int64)
-        src_a = ex.src_addr[ti][ri] + r_local * ex.src_stride[ti][ri]
-        dst_t = ex.d_tile[ri].astype(np.int64)
-        dst_a = ex.d_addr[ri] + r_local * ex.d_stride[ri]
-        nb = ex.row_bytes[ti][ri]
-        self._copy(k, src_t, src_a, dst_t, dst_a, nb)
+        src = (ex.src_tile[ri].astype(np.int64), ex.src_addr[ri] + r_local * ex.src_stride[ri], ex.row_bytes[ri])
+        # Then one entry per (transfer, destination, row): (source tile, address) -> (destination tile, address).
+        nd = np.diff(ex.dst_start)
+        ti = np.repeat(np.arange(n), nd)
+        drows = rows[ti]
+        di = np.repeat(np.arange(len(ti)), drows)  # (transfer, destination) of each row
+        d_local = np.arange(len(di)) - np.repeat(np.cumsum(drows) - drows, drows)
+        t = ti[di]
+        src_t = ex.src_tile[t].astype(np.int64)
+        src_a = ex.src_addr[t] + d_local * ex.src_stride[t]
+        dst_t = ex.d_tile[di].astype(np.int64)
+        dst_a = ex.d_addr[di] + d_local * ex.d_stride[di]
+        self._copy(k, src, src_t, src_a, dst_t, dst_a, ex.row_bytes[t])
 
     def exchange_by_timetable(self, k: int, chip) -> None:
         """The same exchange, executed chunk by chunk in the order its cycle-precise timetable completes them."""
@@ -250,64 +384,64 @@ class Machine:
         order = np.argsort(rank[chunk], kind="stable")
         chunk, row, col, nbytes = chunk[order], row[order], col[order], nbytes[order]
         tr = np.asarray(tt.transfer, np.int64)[chunk]
+        src = (ex.src_tile[tr].astype(np.int64), ex.src_addr[tr] + row * ex.src_stride[tr] + col, nbytes)
         nd = np.diff(ex.dst_start)[tr]
         pi = np.repeat(np.arange(len(tr)), nd)  # one entry per (piece, destination)
         d = np.repeat(ex.dst_start[tr], nd) + (np.arange(len(pi)) - np.repeat(np.cumsum(nd) - nd, nd))
-        src_t = ex.src_tile[tr][pi].astype(np.int64)
-        src_a = ex.src_addr[tr][pi] + row[pi] * ex.src_stride[tr][pi] + col[pi]
+        src_t = src[0][pi]
+        src_a = src[1][pi]
         dst_t = ex.d_tile[d].astype(np.int64)
         dst_a = ex.d_addr[d] + row[pi] * ex.d_stride[d] + col[pi]
-        self._copy(k, src_t, src_a, dst_t, dst_a, nbytes[pi])
+        self._copy(k, src, src_t, src_a, dst_t, dst_a, nbytes[pi])
 
-    def _copy(self, k: int, src_t, src_a, dst_t, dst_a, nb) -> None:
-        """Copy rows of bytes between tiles (the only way data crosses tiles), checking them first in check mode."""
+    def _copy(self, k: int, src, src_t, src_a, dst_t, dst_a, nb) -> None:
+        """Copy rows of bytes between tiles (the only way data crosses tiles), checking them first in check mode.
+        `src` is (tile, address, bytes) of every source row once; the others have one entry per destination row."""
+        self._bounds(f"step {k} exchange source", *src)
+        self._bounds(f"step {k} exchange destination", dst_t, dst_a, nb)
         if self.check:
-            self._bounds(f"step {k} exchange source", src_t, src_a, nb)
-            self._bounds(f"step {k} exchange destination", dst_t, dst_a, nb)
             self._check_exchange(k, src_t, src_a, dst_t, dst_a, nb)
-        # Copy in words as wide as every address and length allows, one batch per row length.
-        w = 8
-        while w > 1 and ((src_a % w).any() or (dst_a % w).any() or (nb % w).any()):
-            w //= 2
-        mem, wr, full = self._words(w)
-        s_word = (src_t * self.size + src_a) // w
-        d_word = (dst_t * self.size + dst_a) // w
-        lens = nb // w
-        order = np.argsort(lens, kind="stable")
-        bounds = np.flatnonzero(np.diff(lens[order])) + 1
-        for grp in np.split(order, bounds):
-            length = int(lens[grp[0]])
-            step_rows = max(1, CHUNK_BYTES // (w * length))
-            for lo in range(0, len(grp), step_rows):
-                sel = grp[lo: lo + step_rows]
-                s_idx = s_word[sel][:, None] + np.arange(length)
-                d_idx = d_word[sel][:, None] + np.arange(length)
-                if wr is not None and not (wr[s_idx] == full).all():
-                    bad = np.argmin((wr[s_idx] == full).reshape(-1))
-                    byte = int(s_idx.reshape(-1)[bad]) * w
+            self._check_sources(k, *src)
+        s_flat, d_flat = self._flat(src_t, src_a), self._flat(dst_t, dst_a)
+        # Sources and destinations do not overlap (checked above), so batches may run in any order: one per length.
+        for grp in _by_length(nb):
+            length = int(nb[grp[0]])
+            if length == 0:
+                continue
+            per = max(1, CHUNK_BYTES // length)
+            for lo in range(0, len(grp), per):
+                sel = grp[lo: lo + per]
+                self._scatter(d_flat[sel], self._gather(s_flat[sel], length))
+
+    def _check_sources(self, k: int, tile, addr, nb) -> None:
+        """Every source byte of the exchange was written before it."""
+        flat = self._flat(tile, addr)
+        for grp in _by_length(nb):
+            length = int(nb[grp[0]])
+            per = max(1, CHUNK_BYTES // max(length, 1))
+            for lo in range(0, len(grp) if length else 0, per):
+                sel = grp[lo: lo + per]
+                bad = self._unwritten(flat[sel], length)
+                if bad is not None:
+                    byte = int(flat[sel[bad[0]]]) + bad[1]
                     raise SimCheckError(f"step {k} ({self.p.steps[k].label}): a transfer reads unwritten byte "
                                         f"{byte % self.size} on tile {byte // self.size}")
-                mem[d_idx] = mem[s_idx]
-                if wr is not None:
-                    wr[d_idx] = full
 
     def _check_exchange(self, k: int, src_t, src_a, dst_t, dst_a, nb) -> None:
-        """Destination rows must not overlap each other nor any source row of the same exchange."""
-        j = _first_overlap(dst_t, dst_a, dst_a + nb)
-        if j is not None:
-            raise SimCheckError(f"step {k}: two transfers write overlapping bytes on tile {dst_t[j]} "
-                                f"at byte {dst_a[j]}")
-        tiles = np.concatenate([dst_t, src_t])
-        starts = np.concatenate([dst_a, src_a])
-        ends = starts + np.concatenate([nb, nb])
-        is_dst = np.concatenate([np.ones(len(dst_t), bool), np.zeros(len(src_t), bool)])
-        order = np.lexsort((starts, tiles))
-        t, s, e, w = tiles[order], starts[order], ends[order], is_dst[order]
+        """Destination rows must not overlap each other nor any source row of the same exchange: one sort of all
+        rows by tile and address, then running maxima of the destination and source ends."""
+        is_src = np.concatenate([np.zeros(len(dst_t), bool), np.ones(len(src_t), bool)])
+        t, s, e, src = _sorted_rows(np.concatenate([dst_t, src_t]), np.concatenate([dst_a, src_a]),
+                                    np.concatenate([nb, nb]), is_src)
         big = int(e.max()) + 1
-        dmax = np.maximum.accumulate(np.where(w, e, 0) + t * big) - t * big
-        smax = np.maximum.accumulate(np.where(~w, e, 0) + t * big) - t * big
+        dmax = np.maximum.accumulate(np.where(~src, e, 0) + t * big) - t * big
         same = t[1:] == t[:-1]
-        race = same & ((~w[1:] & (s[1:] < dmax[:-1])) | (w[1:] & (s[1:] < smax[:-1])))
+        clash = np.flatnonzero(same & ~src[1:] & (s[1:] < dmax[:-1]))
+        if len(clash):
+            i = int(clash[0]) + 1
+            raise SimCheckError(f"step {k}: two transfers write overlapping bytes on tile {t[i]} at byte {s[i]}")
+        smax = np.maximum.accumulate(np.where(src, e, 0) + t * big) - t * big
+        race = same & ((src[1:] & (s[1:] < dmax[:-1])) | (~src[1:] & (s[1:] < smax[:-1])))
         if race.any():
             i = int(np.flatnonzero(race)[0]) + 1
             raise SimCheckError(f"step {k}: the exchange reads bytes it also writes (tile {t[i]}, byte {s[i]})")
@@ -332,4 +466,6 @@ def simulate(program: Program, graph: Graph, feeds: dict[str, np.ndarray], check
             m.exchange(k)
         else:
             m.exchange_by_timetable(k, timetable_chip)
+    if progress:
+        progress("simulate", n, n)
     return m.host_out()

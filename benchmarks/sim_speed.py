@@ -1,0 +1,79 @@
+"""Functional simulator speed: seconds to simulate one forward against onnxruntime (one thread) on the same Graph.
+
+The Graph is the one the Program was compiled from (in the program's precision: float16 tensors for fp16, the FP8
+casts and quarter matmuls for fp8), exported with tremula.export and run by onnxruntime on one thread. The simulator
+time is one `simulate` call in check mode (weights loaded into tile memory, inputs streamed, every step, outputs read
+back), as `check` runs it; onnxruntime's is the best of three runs after a warm-up. Neither side counts compiling,
+building the session or generating the zoo model's seeded weights (made once before timing). Times are CPU seconds
+of this process (both sides run on one thread), so other work on a shared machine does not skew the ratio; wall
+seconds of the simulator are printed beside them.
+
+Usage: python benchmarks/sim_speed.py [--models vit-base-patch16-224,bert-base-uncased] [--batches 1,8]
+                                      [--dtypes fp32,fp16,fp8] [--chip c600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the simulator on one thread too (before NumPy loads BLAS)
+
+import numpy as np
+
+from tremula.chip import load_chip
+from tremula.compiler import canonical, compile_model, make_feeds
+from tremula.frontends import load_model
+from tremula.sim.functional import simulate
+
+
+def ort_seconds(graph, feeds: dict[str, np.ndarray], runs: int = 3) -> float:
+    """Best CPU time of one onnxruntime run of the exported graph on one thread."""
+    import onnxruntime as ort
+
+    from tremula.export import export_onnx
+
+    model = export_onnx(graph, opset=19)  # opset 19 for the FP8 types; the same ops otherwise
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    inputs = {i.name: feeds[i.name].astype(graph.types[i.name].dtype) for i in sess.get_inputs()}
+    sess.run(None, inputs)
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.process_time()
+        sess.run(None, inputs)
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="vit-base-patch16-224,bert-base-uncased")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--dtypes", default="fp32,fp16,fp8")
+    ap.add_argument("--chip", default="c600")
+    args = ap.parse_args()
+    chip = load_chip(args.chip)
+    print(f"{'model':24} {'batch':>5} {'dtype':>5} {'steps':>6} {'vertices':>9} {'sim s':>8} {'(wall)':>8} "
+          f"{'steps/s':>8} {'ort s':>7} {'sim/ort':>8}", flush=True)
+    for model in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            feeds = make_feeds(canonical(load_model(model, batch)), 0)
+            for dtype in args.dtypes.split(","):
+                res = compile_model(model, chip, batch, dtype)
+                for c in res.graph.constants.values():
+                    c.value()  # the seeded weights are the model's, not the simulator's work
+                t0, c0 = time.perf_counter(), time.process_time()
+                simulate(res.program, res.graph, feeds)
+                wall, sim = time.perf_counter() - t0, time.process_time() - c0
+                ort_s = ort_seconds(res.graph, feeds)
+                steps = len(res.program.steps)
+                print(f"{model:24} {batch:5d} {dtype:>5} {steps:6d} {res.program.n_vertices():9,d} {sim:8.2f} "
+                      f"{wall:8.2f} {steps / sim:8.1f} {ort_s:7.3f} {sim / ort_s:7.1f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

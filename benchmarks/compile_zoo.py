@@ -9,6 +9,7 @@ import time
 
 from tremula.chip import load_chip
 from tremula.compiler import DoesNotFit, compile_model
+from tremula.errors import NoFit
 from tremula.frontends.zoo import ZOO
 
 DEFAULT_MODELS = ["vit-base-patch16-224", "bert-base-uncased", "all-minilm-l6-v2", "siglip-so400m-patch14-384",
@@ -40,7 +41,7 @@ def main() -> None:
                 thr = res.batch * chip.clock_hz / res.cycles
                 print(f"{model:28} {chip_name:6} {args.dtype:5} {res.batch:5d} {res.cycles:12,d} {thr:10.1f} "
                       f"{res.peak_tile_bytes:12,d} {dt:9.1f}", flush=True)
-            except DoesNotFit:
+            except NoFit:
                 dt = time.perf_counter() - t0
                 print(f"{model:28} {chip_name:6} {args.dtype:5} {'-':>5} {'does not fit at batch 1':>36} "
                       f"{'':12} {dt:9.1f}", flush=True)

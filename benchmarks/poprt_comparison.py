@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 
 from tremula.chip import load_chip
-from tremula.compiler import DoesNotFit, canonical, compile_model
+from tremula.compiler import canonical, compile_model
+from tremula.errors import NoFit
 from tremula.frontends import load_model
 from tremula.model_info import describe
 from tremula.report.profile import build_profile
@@ -52,7 +53,7 @@ def _flops_per_sample(m: Measured) -> int:
 
 
 def _modelled(m: Measured, chip, batch: int, cache: dict) -> tuple[str, str, str, str]:
-    """(throughput, MFU, compile s, latency) of the model at `batch` as tremula models it; raises DoesNotFit."""
+    """(throughput, MFU, compile s, latency) of the model at `batch` as tremula models it; raises NoFit."""
     key = (m.model, m.seq_len, batch)
     if key not in cache:
         res = compile_model(m.model, chip, batch=batch, dtype=DTYPE, seq_len=m.seq_len)
@@ -70,7 +71,7 @@ def _row(m: Measured, chip, at_largest: bool, cache: dict) -> list[str]:
     t0 = time.perf_counter()
     try:  # by name, so that a plan that does not fit can report the largest batch that does
         thr, mfu, secs, lat = _modelled(m, chip, m.batch, cache)
-    except DoesNotFit as e:
+    except NoFit as e:
         secs = f"{time.perf_counter() - t0:.1f}*"
         note = f"largest batch that fits: {e.max_batch}"
         if at_largest and e.max_batch:

@@ -12,7 +12,8 @@ import resource
 import time
 
 from tremula.chip import load_chip
-from tremula.compiler import DoesNotFit, compile_model
+from tremula.compiler import compile_model
+from tremula.errors import NoFit
 from tremula.frontends import load_model
 from tremula.model_info import describe
 
@@ -37,7 +38,7 @@ def main() -> None:
             t0 = time.perf_counter()
             try:
                 r = compile_model(args.model, chip, b, dtype)
-            except DoesNotFit as e:
+            except NoFit as e:
                 note = f"does not fit: tile {e.tile} needs {e.peak:,} of {e.sram:,} B"
                 print(f"{'tremula (model)':18} {b:5d} {dtype:>5} {note}", flush=True)
                 continue

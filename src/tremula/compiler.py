@@ -15,7 +15,7 @@ from typing import Union
 import numpy as np
 
 from tremula import limits
-from tremula.errors import TremulaError, notice
+from tremula.errors import NoFit, TremulaError, notice
 from tremula.frontends.rebatch import FixedBatch
 from tremula.ir.graph import Constant, Graph, Node
 from tremula.ir.interp import infer_types, run
@@ -45,7 +45,7 @@ PLAN_BUDGETS = ((0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True), (0.1
                 (0.04, 0.2, False))
 
 
-class DoesNotFit(TremulaError):
+class DoesNotFit(NoFit):
     """The program's peak memory on some tile exceeds its SRAM."""
 
     def __init__(self, tile: int, step: int, by_category: dict[str, int], peak: int, sram: int, batch: int,

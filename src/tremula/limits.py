@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tremula.errors import TremulaError
+from tremula.errors import NoFit
 from tremula.ir.graph import Graph, TensorType
 
 # The share of physical RAM one model may take on the host: planning holds per-vertex tables, a check holds the
@@ -104,7 +104,7 @@ def largest_batch(p: Need, q: Need, cap: int) -> int:
     return max(best, 0)
 
 
-class TooBig(TremulaError):
+class TooBig(NoFit):
     """The model cannot fit at this batch by the lower bound: refused before any planning."""
 
     def __init__(self, message: str, need: Need, cap: int, max_batch: int | None):

@@ -442,3 +442,14 @@ def test_siglip_head_passes_fp8_check_with_the_default_calibration():
     old = check_model("siglip-tiny", "c600", 8, "fp8", seed=1, calibration=one)
     pooler = next(o for o in old.outputs if o.name == "pooler_output")
     assert not pooler.passed and pooler.cosine < 0.99
+
+
+def test_both_refusals_are_one_kind():
+    # Callers that ask "does it fit?" catch one exception whichever check answered (the bound or a plan).
+    from tremula.compiler import DoesNotFit
+    from tremula.errors import NoFit
+
+    assert issubclass(limits.TooBig, NoFit) and issubclass(DoesNotFit, NoFit)
+    with pytest.raises(NoFit) as e:
+        compile_model("vit-tiny", "c600", 100000, "fp32")
+    assert isinstance(e.value, limits.TooBig) and 0 < e.value.max_batch < 100000

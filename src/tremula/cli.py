@@ -229,7 +229,9 @@ def _batch_arg(batch: Optional[str]) -> int | str | None:
 
 
 def _summary_rows(res, chip) -> list[tuple[str, str]]:
-    seconds = res.cycles / chip.clock_hz
+    # Latency and throughput charge the host link in series with the forward (CompileResult.throughput_cycles says
+    # why: every tile computes, none is set aside to overlap I/O), as the profile's summary does.
+    seconds = res.latency_cycles / chip.clock_hz
     mem = res.memory_by_category
     rows = [
         ("chip", f"{chip.name} ({chip.tiles} tiles x {human_bytes(chip.sram_bytes_per_tile)})"),
@@ -243,8 +245,12 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
                                     if res.shared_layers else "")),
         ("cycles / forward", f"{res.cycles:,} (compute {res.compute_cycles:,}, exchange {res.exchange_cycles:,}, "
                              f"sync {res.sync_cycles:,})"),
-        ("latency", f"{seconds * 1e3:.3f} ms per batch"),
-        ("throughput", f"{res.batch / seconds:,.1f} samples/s" if seconds > 0 else "-"),
+        ("host I/O", f"{res.host_cycles:,} cycles (in {res.host_in_cycles:,} for {human_bytes(res.host_in_bytes)}, "
+                     f"out {res.host_out_cycles:,} for {human_bytes(res.host_out_bytes)}; "
+                     f"{chip.host_bytes_per_second / 1e9:.3g} GB/s a direction)"),
+        ("latency", f"{seconds * 1e3:.3f} ms per batch (host in + device + host out)"),
+        ("throughput", f"{res.batch / seconds:,.1f} samples/s (host I/O not overlapped with device work: no IO "
+                       "tiles, PopART's default)" if seconds > 0 else "-"),
         ("compile time", f"{res.seconds:.1f} s"),
     ]
     return rows
@@ -257,7 +263,7 @@ def _mfu(res, chip, model: str, seq_len) -> float:
     from tremula.frontends import load_model
     from tremula.model_info import describe
 
-    seconds = res.cycles / chip.clock_hz
+    seconds = res.latency_cycles / chip.clock_hz  # the time throughput charges, host I/O included
     if not seconds:
         return 0.0
     flops = describe(canonical(load_model(model, batch=res.batch, seq_len=seq_len))).flops
@@ -498,6 +504,7 @@ def check_cmd(
     if json_out:
         _print_json({"model": model, "chip": c.name, "passed": res.passed,
                      "outputs": [o.__dict__ for o in res.outputs], "simulation_seconds": round(res.sim_seconds, 3),
+                     "matched": [o.__dict__ for o in res.matched],
                      "layers": [x.__dict__ for x in res.layers], **res.compile.summary()})
     else:
         out.print(f"[bold]{safe(model)}[/bold] on {safe(c.name)}, batch {res.compile.batch}, {res.compile.dtype} "
@@ -507,6 +514,12 @@ def check_cmd(
             mark = "ok" if o.passed else "FAIL"
             out.print(f"  {escape(printable(o.name).ljust(24))} cosine {o.cosine:.6f}  max rel err {o.rel_err:.3e}  "
                       f"({o.metric} needs {op} {o.threshold:g})  {mark}", soft_wrap=True)
+        if res.matched:  # fp16 / fp8: did the simulator run the right Program, whatever its accuracy?
+            out.print("  against the precision-matched reference (the planned graph in its own dtypes and sum orders):")
+            for o in res.matched:
+                mark = "ok" if o.passed else "FAIL"
+                out.print(f"  {escape(printable(o.name).ljust(24))} max rel err {o.rel_err:.3e}  "
+                          f"(needs <= {o.threshold:.3g})  {mark}", soft_wrap=True)
         if res.layers:
             out.print(f"  layers that lose most ({len(res.layers)} FP8 Linears; each one's own operand rounding):")
             names = [printable(x.node) for x in res.layers[:5]]
@@ -550,6 +563,50 @@ def microbench_amp(
         _print_json(rows)
     else:
         _print_rows(rows, f"AMP microbenchmark on {safe(chip)} (every tile, FP16 [N,16]x[16,16])")
+
+
+@microbench_app.command("matmul")
+def microbench_matmul(
+    chip: str = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file."),
+    rows: int = typer.Option(..., "--rows", help="Rows R of the left operand [R,K]."),
+    k: int = typer.Option(..., "--k", help="Inner dimension K."),
+    cols: int = typer.Option(..., "--cols", help="Output columns N of [K,N]."),
+    dtype: str = typer.Option("fp16", "--dtype", help="fp16 or fp8 operands."),
+    partials: Optional[str] = typer.Option(None, "--partials",
+                                           help="half or float accumulation (default: the planner's, float for "
+                                                "fp16 and half for fp8)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """One tile's [R,K]x[K,N] matmul vertex: modelled cycles, MACs/cycle and % of the AMP peak, beside a measured
+    kernel where ipu-stack-facts §2.1 has that shape."""
+    from tremula.chip import load_chip
+    from tremula.timing.microbench import matmul_point
+
+    row = matmul_point(load_chip(chip), rows, k, cols, dtype.strip().lower(),
+                       None if partials is None else partials.strip().lower())
+    if json_out:
+        _print_json(row)
+        return
+    # One kernel: quantities down, model and measurement across, so the table fits a terminal.
+    m = row["measured_cycles"]
+    table = Table(title=f"[{rows},{k}] x [{k},{cols}] {row['dtype']} on one {safe(chip)} tile")
+    table.add_column("")
+    table.add_column("model", justify="right")
+    table.add_column("measured", justify="right")
+    peak = row["peak_macs_per_cycle"]
+    measured = [f"{m:,}", f"{row['macs']:,}", f"{row['macs'] / m:.2f}", f"{100 * row['macs'] / m / peak:.1f}"] \
+        if m else ["-"] * 4
+    for label, v, w in zip(("cycles", "MACs", "MACs / cycle", "% of AMP peak"),
+                           (f"{row['cycles']:,}", f"{row['macs']:,}", f"{row['macs_per_cycle']:.2f}",
+                            f"{row['pct_amp_peak']:.1f}"), measured):
+        table.add_row(label, v, w)
+    out.print(table)
+    out.print(f"model: {safe(row['path'])}, {row['partials']} partials; AMP peak {peak:g} MACs / cycle / tile",
+              soft_wrap=True)
+    if m:
+        out.print(f"measured: {safe(row['source'])}; model {row['error_pct']:+.1f} % against it", soft_wrap=True)
+    else:
+        out.print("measured: no published point for this chip and shape (ipu-stack-facts §2.1)", soft_wrap=True)
 
 
 @app.command()

@@ -8,6 +8,7 @@ Cycles are tile clock cycles and always integers.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from tremula.chip import AmpPair, Chip, normalize_dtype
 from tremula.errors import TremulaError
@@ -248,9 +249,14 @@ def sync_cycles(chip: Chip) -> int:
 
 
 def host_transfer_cycles(chip: Chip, nbytes: int) -> int:
-    """Tile cycles to stream nbytes between host and chip at the host link bandwidth: ceil(nbytes x clock / B/s)."""
+    """Tile cycles to stream nbytes between host and chip at the host link bandwidth: ceil(nbytes x clock / B/s).
+
+    host_bytes_per_second is one direction of the link (the chip files' source, ref §1), which is all one stream
+    uses. The ceiling is taken exactly (as fractions of the two floats): in floats, a transfer of a whole number of
+    cycles could round up by one, and host cycles are pinned by tests as bytes x clock / bandwidth.
+    """
     _count("nbytes", nbytes)
-    return math.ceil(nbytes * chip.clock_hz / chip.host_bytes_per_second)
+    return math.ceil(Fraction(nbytes) * Fraction(chip.clock_hz) / Fraction(chip.host_bytes_per_second))
 
 
 def cycles_to_seconds(chip: Chip, cycles: int | float) -> float:

@@ -148,6 +148,16 @@ class HostStream:
     elem_stride: int
     dtype: str
 
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * np.dtype(self.dtype).itemsize
+
+
+def host_stream_bytes(streams: list[HostStream]) -> int:
+    """Bytes the host link carries for these streams: each stream's runs once per tile it writes (or reads), since
+    every tile's copy is its own transfer over the link; an element streamed to two tiles crosses it twice."""
+    return sum(s.nbytes for s in streams)
+
 
 @dataclass(frozen=True)
 class ConstImage:

@@ -160,3 +160,15 @@ def test_json_has_no_nan(capsys):
 
     _print_json({"cosine": float("nan"), "rows": [float("inf"), 1.5], "ok": True})
     assert json.loads(capsys.readouterr().out) == {"cosine": None, "rows": [None, 1.5], "ok": True}
+
+
+def test_check_reports_the_precision_matched_reference():
+    # At fp16 the verdict also rests on the precision-matched comparison: it must be shown, not only decide.
+    p = run_cli("check", "bert-tiny", "--chip", "examples/chips/tiny16.toml", "--batch", "2", "--dtype", "fp16",
+                "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert {m["name"] for m in doc["matched"]} == {o["name"] for o in doc["outputs"]}
+    assert all(m["metric"] == "max_rel_err" and m["value"] <= m["threshold"] for m in doc["matched"])
+    p = run_cli("check", "bert-tiny", "--chip", "examples/chips/tiny16.toml", "--batch", "2", "--dtype", "fp16")
+    assert "precision-matched reference" in p.stdout

@@ -1,17 +1,24 @@
-"""AMP microbenchmark and calibration table: the model against the published measurements."""
+"""AMP and matmul-vertex microbenchmarks and the calibration table: the model against published measurements."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
+import re
+import subprocess
+import sys
 
 import pytest
 
 from tremula.chip import load_chip
+from tremula.codelets import codelet
+from tremula.cost import amp_matmul_cycles
+from tremula.errors import TremulaError
 from tremula.timing import calibrate
 from tremula.timing.calibrate import calibration_rows, end_to_end_rows
-from tremula.timing.microbench import MEASURED_AMP_TFLOPS, amp_microbench
+from tremula.timing.microbench import MEASURED_AMP_TFLOPS, MEASURED_MATMUL_CYCLES, amp_microbench, matmul_point
 
 
 def test_amp_curve_within_10_percent_on_bow():
@@ -70,18 +77,19 @@ def test_end_to_end_rows_pending_without_compiler(monkeypatch):
 
 def test_end_to_end_rows_use_the_compiler_cycles():
     class Fake:
-        def __init__(self, cycles):
+        def __init__(self, cycles, host):
             self.cycles, self.fits = cycles, True
+            self.throughput_cycles = cycles + host
 
     calls = []
 
     def fake_compile(model, chip, batch, dtype, require_fit):
         calls.append((model, chip.name, batch, dtype, require_fit))
-        return Fake(1_500_000)
+        return Fake(1_400_000, 100_000)
 
     rows = end_to_end_rows(fake_compile)
     assert calls[0] == ("vit-base-patch16-224", "c600", 8, "fp16", False)
-    # items/s = batch x clock / cycles = 8 x 1.5e9 / 1.5e6
+    # items/s = batch x clock / (forward + host I/O cycles) = 8 x 1.5e9 / 1.5e6
     assert math.isclose(rows[0]["model"], 8000.0)
     assert math.isclose(rows[0]["error_pct"], 100 * (8000 / 2600 - 1))
 
@@ -92,4 +100,71 @@ def test_end_to_end_row_with_the_real_compiler():
     e = dataclasses.replace(calibrate.END_TO_END[0], model="vit-tiny", batch=2)
     r = end_to_end_rows(compiler.compile_model, entries=(e,))[0]
     res = compiler.compile_model("vit-tiny", load_chip("c600"), batch=2, dtype="fp16", require_fit=False)
-    assert r["quantity"].startswith("vit-tiny") and math.isclose(r["model"], 2 * 1.5e9 / res.cycles)
+    assert r["quantity"].startswith("vit-tiny") and res.host_cycles > 0
+    assert math.isclose(r["model"], 2 * 1.5e9 / (res.cycles + res.host_cycles))
+
+
+# ------------------------------------------------------------------------------------------------ microbench matmul
+
+C600 = load_chip("c600")
+
+
+def test_matmul_point_is_the_planners_codelet_cycles():
+    r = matmul_point(C600, 96, 64, 64, "fp16")
+    shapes = [(96, 64), (64, 64), (96, 64)]
+    assert r["partials"] == "float" and "planner" in r["path"]
+    assert r["cycles"] == codelet("matmul").cycles(C600, (0,), shapes, ["float16"] * 3)
+    assert r["cycles"] == amp_matmul_cycles(C600, 96, 64, 64, "fp16", "float32")  # what the codelet calls
+    assert r["macs"] == 96 * 64 * 64 and math.isclose(r["macs_per_cycle"], r["macs"] / r["cycles"])
+    peak = C600.peak_flops("fp16") / (2 * C600.tiles * C600.clock_hz)  # MACs per cycle per tile
+    assert r["peak_macs_per_cycle"] == peak == 64  # the C600's quoted FP16 rate (chips/c600.toml)
+    assert math.isclose(r["pct_amp_peak"], 100 * r["macs_per_cycle"] / peak) and 0 < r["pct_amp_peak"] < 100
+    f8 = matmul_point(C600, 244, 128, 64, "fp8")
+    assert f8["partials"] == "half" and f8["cycles"] == codelet("matmul_fp8").cycles(
+        C600, (0, 0, 0, 0, 0), [(244, 128), (128, 64), (244, 64)], ["uint8", "uint8", "float16"])
+    assert f8["cycles"] == amp_matmul_cycles(C600, 244, 128, 64, "fp8", "float16")
+
+
+def test_matmul_half_partials_only_where_the_cost_model_has_them():
+    half = matmul_point(C600, 184, 288, 48, "fp16", "half")
+    assert half["cycles"] == amp_matmul_cycles(C600, 184, 288, 48, "fp16", "float16")
+    assert half["cycles"] < matmul_point(C600, 184, 288, 48, "fp16")["cycles"]  # twice the MACs a cycle
+    assert "not a path the planner uses" in half["path"]
+    with pytest.raises(TremulaError, match="--partials float is not a path the cost model has for fp8"):
+        matmul_point(C600, 8, 8, 8, "fp8", "float")
+    with pytest.raises(TremulaError, match="no AMP path fp8"):  # a chip without the quarter AMP
+        matmul_point(load_chip("bow"), 8, 8, 8, "fp8")
+    with pytest.raises(TremulaError, match="--rows must be a positive integer"):
+        matmul_point(C600, 0, 8, 8, "fp16")
+
+
+def test_matmul_measured_points_sit_beside_the_model():
+    r = matmul_point(C600, 184, 288, 48, "fp16")
+    assert r["measured_cycles"] == 48_654 and "ipu-stack-facts §2.1 [M]" in r["source"]
+    assert math.isclose(r["error_pct"], 100 * (r["cycles"] / 48_654 - 1))
+    assert matmul_point(C600, 184, 288, 47, "fp16")["measured_cycles"] is None
+    assert matmul_point(load_chip("bow"), 184, 288, 48, "fp16")["measured_cycles"] is None  # measured on a C600
+    for (chip, dtype, r_, k, c), (cycles, source) in MEASURED_MATMUL_CYCLES.items():
+        p = matmul_point(load_chip(chip), r_, k, c, dtype)
+        assert p["measured_cycles"] == cycles and p["source"] == source
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tremula", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_microbench_matmul_cli_table_json_and_refusal():
+    p = _cli("microbench", "matmul", "--chip", "c600", "--rows", "244", "--k", "128", "--cols", "64",
+             "--dtype", "fp8", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == matmul_point(C600, 244, 128, 64, "fp8")
+    p = _cli("microbench", "matmul", "--rows", "184", "--k", "288", "--cols", "48")
+    assert p.returncode == 0, p.stderr
+    model = matmul_point(C600, 184, 288, 48, "fp16")
+    cells = re.search(r"cycles +│ +([\d,]+) │ +([\d,]+) │", p.stdout)
+    assert cells and cells.groups() == (f"{model['cycles']:,}", "48,654"), p.stdout
+    assert "measured: ipu-stack-facts §2.1 [M]" in p.stdout and f"{model['error_pct']:+.1f} %" in p.stdout
+    p = _cli("microbench", "matmul", "--rows", "8", "--k", "8", "--cols", "8", "--dtype", "fp8", "--partials", "float")
+    assert p.returncode == 2 and p.stdout == ""
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--partials float is not a path the cost model has for fp8" in lines[0]

@@ -120,7 +120,7 @@ def test_profile_charges_makespans_and_keeps_bounds(tiny):
     assert s.exchange_cycles == sum(e.makespan for e in ex)
     assert s.priced_cycles == res.cycles and s.priced_exchange_cycles == res.exchange_cycles
     assert s.cycles == cycles_with_timetables(res.cycles, res.exchange_cycles, ex) == sum(r.total for r in prof.steps)
-    assert s.latency_s == pytest.approx(s.cycles / C600.clock_hz)
+    assert s.latency_s == pytest.approx((s.host_in_cycles + s.cycles + s.host_out_cycles) / C600.clock_hz)
     assert sum(o.cycles for o in prof.ops) == s.cycles
     worst = max(ex, key=lambda e: e.ratio)
     assert s.timetables == summarize(ex).to_json()

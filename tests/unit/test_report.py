@@ -33,7 +33,10 @@ def test_summary_matches_compile_result(tiny):
     s = prof.summary
     assert (s.cycles, s.compute_cycles, s.exchange_cycles, s.sync_cycles) == (
         res.cycles, res.compute_cycles, res.exchange_cycles, res.sync_cycles)
-    assert s.latency_s == pytest.approx(res.cycles / chip.clock_hz)
+    # latency charges the host link in series with the forward (CompileResult.throughput_cycles), as the CLI does
+    assert (s.host_in_cycles, s.host_out_cycles) == (res.host_in_cycles, res.host_out_cycles) and res.host_cycles > 0
+    assert s.latency_s == pytest.approx(res.latency_cycles / chip.clock_hz)
+    assert s.latency_s == pytest.approx((res.cycles + res.host_in_cycles + res.host_out_cycles) / chip.clock_hz)
     assert s.throughput == pytest.approx(2 / s.latency_s)
     assert s.mfu == pytest.approx(s.model_flops / s.latency_s / chip.peak_flops("fp16"))
     assert 0 < s.mfu < 1
@@ -226,6 +229,9 @@ def test_report_paths_writes_all_three(tiny, tmp_path):
     text = (tmp_path / "r.html").read_text()
     assert text.startswith("<!DOCTYPE html>") and "http://" not in text and "https://" not in text
     assert text.count("data:image/png;base64,") == 4
+    host = f"{res.host_cycles:,} cycles (in {res.host_in_cycles:,}, out {res.host_out_cycles:,}), not overlapped"
+    assert "<td>host I/O</td>" in text and host in text
+    assert f"{prof.summary.throughput:,.1f} samples/s (batch / latency: host I/O in series)" in text
 
 
 def test_trace_of_a_bare_program_equals_the_profiles(tiny):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tremula.errors import TremulaError
-from tremula.ir.graph import Graph, TensorType
-from tremula.ir.ops import infer, rule
+from tremula.ir.graph import Graph, Node, TensorType
+from tremula.ir.ops import RefRule, infer, rule
 
 
 def infer_types(graph: Graph) -> Graph:
@@ -43,8 +45,10 @@ def check_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> None:
             raise TremulaError(f"input {name!r} has shape {tuple(x.shape)}, the graph expects {t.shape}")
 
 
-def run(graph: Graph, feeds: dict[str, np.ndarray], keep: set[str] | None = None) -> dict[str, np.ndarray]:
-    """Evaluate the graph; returns its outputs (and any values named in `keep`)."""
+def run(graph: Graph, feeds: dict[str, np.ndarray], keep: set[str] | None = None,
+        override: Callable[[Node], RefRule | None] | None = None) -> dict[str, np.ndarray]:
+    """Evaluate the graph; returns its outputs (and any values named in `keep`). `override` may give a node another
+    evaluation than its op's rule (the precision-matched reference's K-split matmuls, sim/reference.py)."""
     check_feeds(graph, feeds)
     env: dict[str, np.ndarray] = {n: np.asarray(feeds[n]).astype(graph.types[n].dtype) for n in graph.inputs}
     last_use: dict[str, int] = {}
@@ -58,7 +62,8 @@ def run(graph: Graph, feeds: dict[str, np.ndarray], keep: set[str] | None = None
         ]
         while args and args[-1] is None:
             args.pop()
-        outs = rule(node.op).ref(args, node.attrs)
+        ref = override(node) if override is not None else None
+        outs = (ref or rule(node.op).ref)(args, node.attrs)
         for name, val in zip(node.outputs, outs):
             env[name] = val
         for i in node.inputs:  # free what no later node reads, so a big model runs in bounded memory

@@ -179,8 +179,11 @@ def _summary_table(profile) -> str:
     rows = [
         ("chip", f"{s.chip} ({s.tiles} tiles x {_bytes(s.sram_bytes_per_tile)}, {s.clock_hz / 1e9:.3g} GHz)"),
         ("model", s.model), ("batch", s.batch), ("dtype", s.dtype), ("fits", fit),
-        ("latency per batch", f"{s.latency_s * 1e3:,.4f} ms ({s.cycles:,} cycles)"),
-        ("throughput", f"{s.throughput:,.1f} samples/s"),
+        ("latency per batch", f"{s.latency_s * 1e3:,.4f} ms (host in {s.host_in_cycles:,} + device {s.cycles:,} + "
+                              f"host out {s.host_out_cycles:,} cycles)"),
+        ("host I/O", f"{s.host_in_cycles + s.host_out_cycles:,} cycles (in {s.host_in_cycles:,}, out "
+                     f"{s.host_out_cycles:,}), not overlapped with device work"),
+        ("throughput", f"{s.throughput:,.1f} samples/s (batch / latency: host I/O in series)"),
         ("model FLOPs per batch", _si(s.model_flops, "FLOP")),
         ("MFU", f"{100 * s.mfu:.3f}% of {_si(s.peak_flops, 'FLOP/s')}"),
         ("cycles: compute / exchange / sync",

@@ -49,8 +49,8 @@ class Summary:
     compute_cycles: int
     exchange_cycles: int
     sync_cycles: int
-    latency_s: float  # one forward pass of the whole batch
-    throughput: float  # samples per second
+    latency_s: float  # one batch end to end: host in + the forward's `cycles` + host out
+    throughput: float  # samples per second: batch / latency (host transfers do not overlap device work, CompileResult)
     model_flops: int  # FLOPs of one forward pass of the whole batch (the graph is built at this batch)
     peak_flops: float  # chip matmul peak FLOP/s for the dtype
     mfu: float  # model FLOPs / latency / peak
@@ -64,6 +64,8 @@ class Summary:
     priced_cycles: int = 0  # cycles with every exchange at the planner's bound (= cycles without timetables)
     priced_exchange_cycles: int = 0
     timetables: dict | None = None  # ScheduleSummary.to_json() when exchanges were scheduled
+    host_in_cycles: int = 0  # the Program's input streams over the host link (CompileResult.host_in_cycles)
+    host_out_cycles: int = 0
 
 
 @dataclass
@@ -422,7 +424,8 @@ def build_profile(result, graph: Graph, chip, model: str | None = None, keep_til
     op_types = sorted(types.values(), key=lambda t: (-t.cycles, t.op))
 
     mem = tile_memory(program, live_bytes(program), chip)
-    latency = total_cycles / clock
+    host_in, host_out = int(result.host_in_cycles), int(result.host_out_cycles)
+    latency = (host_in + total_cycles + host_out) / clock
     summary = Summary(
         chip=chip.name, model=model or str(program.meta.get("model", graph.name)), batch=result.batch,
         dtype=result.dtype, fits=bool(result.fits), tiles=T, sram_bytes_per_tile=program.sram_bytes_per_tile,
@@ -435,7 +438,8 @@ def build_profile(result, graph: Graph, chip, model: str | None = None, keep_til
         exchange_source="timetables" if exchanges else "cost model",
         priced_cycles=sum(r.compute + r.sync + r.priced_exchange for r in rows),
         priced_exchange_cycles=sum(r.priced_exchange for r in rows),
-        timetables=summarize(exchanges).to_json() if exchanges else None)
+        timetables=summarize(exchanges).to_json() if exchanges else None,
+        host_in_cycles=host_in, host_out_cycles=host_out)
     prof = Profile(summary, ops, op_types, rows, {c: v.tolist() for c, v in mem.items()},
                    per_tile_steps if keep_tile_cycles else None)
     if exchanges:

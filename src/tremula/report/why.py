@@ -110,7 +110,9 @@ def explain(profile, chip, top: int = TOP_OPS) -> list[str]:
     s = profile.summary
     if s.cycles == 0:
         return ["The program has no steps."]
+    host_cycles = s.host_in_cycles + s.host_out_cycles  # MFU charges them too (latency is in + device + out)
+    host = f", plus {host_cycles:,} of host I/O" if host_cycles else ""
     head = (f"{s.cycles:,} cycles per batch of {s.batch}: compute {_pct(s.compute_cycles / s.cycles)}, exchange "
-            f"{_pct(s.exchange_cycles / s.cycles)}, sync {_pct(s.sync_cycles / s.cycles)} over {s.steps} steps; "
-            f"MFU {100 * s.mfu:.2f}% of {s.peak_flops / 1e12:.1f} TFLOP/s.")
+            f"{_pct(s.exchange_cycles / s.cycles)}, sync {_pct(s.sync_cycles / s.cycles)} over {s.steps} steps"
+            f"{host}; MFU {100 * s.mfu:.2f}% of {s.peak_flops / 1e12:.1f} TFLOP/s.")
     return [head] + [f.sentence for f in findings(profile, chip, top)]

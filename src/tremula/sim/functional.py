@@ -11,7 +11,8 @@ the same way. An exchange copies all its rows of one length with one gather and 
 
 Check mode keeps a shadow "written" bitmap (one bit per byte), and fails with SimCheckError on: reading bytes nothing
 wrote (vertex operand, transfer source, host output), two vertices (or two transfers) writing
-overlapping bytes in one step, and an exchange reading bytes the same exchange writes. In both modes an address
+overlapping bytes in one step, a vertex reading bytes another vertex of the same compute set writes (a read-after-write
+race: on the chip they run in parallel), and an exchange reading bytes the same exchange writes. In both modes an address
 outside the tile's SRAM or outside every planned buffer fails. Memory starts as zeros (pages the program never touches
 cost nothing); in check mode no unwritten byte is ever read, so its value cannot matter. A codelet's output buffers
 start as a poison pattern, so a byte a codelet forgot to write shows as a wrong but finite value.
@@ -68,6 +69,35 @@ def _first_overlap(tile: np.ndarray, start: np.ndarray, nbytes: np.ndarray) -> t
     run = np.maximum.accumulate(e + t * span) - t * span
     bad = np.flatnonzero((t[1:] == t[:-1]) & (s[1:] < run[:-1]))
     return (int(t[bad[0] + 1]), int(s[bad[0] + 1])) if len(bad) else None
+
+
+def _read_of_other_write(wt: np.ndarray, ws: np.ndarray, wl: np.ndarray, wv: np.ndarray, rt: np.ndarray,
+                         rs: np.ndarray, rl: np.ndarray, rv: np.ndarray) -> tuple[int, int] | None:
+    """(tile, byte) where a read range overlaps a write range of another vertex, else None. The vertices of one
+    compute set run in parallel on the chip, so such a read sees the old or the new bytes by chance (the simulator,
+    running groups in order, would silently give one answer). A vertex may read what it writes itself. The write
+    ranges do not overlap each other (checked before), so sorted by start their ends are sorted too, and the writes
+    a read overlaps are one run of them, found with two binary searches."""
+    keep_w, keep_r = wl > 0, rl > 0
+    wt, ws, wl, wv = wt[keep_w], ws[keep_w], wl[keep_w], wv[keep_w]
+    rt, rs, rl, rv = rt[keep_r], rs[keep_r], rl[keep_r], rv[keep_r]
+    if not len(wt) or not len(rt):
+        return None
+    span = int(max((ws + wl).max(), (rs + rl).max())) + 1  # tile * span + address: one sorted key across tiles
+    wkey = wt * span + ws
+    order = np.argsort(wkey, kind="stable")
+    w0, w1, wv = wkey[order], wkey[order] + wl[order], wv[order]
+    r0 = rt * span + rs
+    lo = np.searchsorted(w1, r0, side="right")  # first write ending after the read starts
+    hi = np.searchsorted(w0, r0 + rl, side="left")  # writes starting before the read ends
+    n = hi - lo
+    one = np.flatnonzero((n == 1) & (wv[np.minimum(lo, len(wv) - 1)] != rv))
+    many = [int(i) for i in np.flatnonzero(n > 1) if (wv[lo[i]:hi[i]] != rv[i]).any()]
+    bad = sorted(set(one.tolist()) | set(many))
+    if not bad:
+        return None
+    i = bad[0]
+    return int(rt[i]), int(rs[i])
 
 
 def _by_length(nbytes: np.ndarray) -> list[np.ndarray]:
@@ -298,7 +328,9 @@ class Machine:
     # ------------------------------------------------------------------------------------------------ steps
     def compute(self, k: int) -> None:
         step = self.p.steps[k]
-        w_tile, w_start, w_len = [], [], []
+        w_tile, w_start, w_len, w_vx = [], [], [], []
+        r_tile, r_start, r_len, r_vx = [], [], [], []
+        vx0 = 0  # the step's index of each group's first vertex (reads and writes are matched by vertex)
         for g in step.compute:
             cl = codelet(g.codelet)
             n_ops = len(g.dtypes)
@@ -309,15 +341,25 @@ class Machine:
             for sel in _stacks(g, cl, nbytes):
                 self._run(k, g, cl, outs, sel, nbytes)
             if self.check:
-                for a in outs:
-                    w_tile.append(g.tiles.astype(np.int64))
-                    w_start.append(g.addrs[:, a])
-                    w_len.append(nbytes[:, a])
+                vx = vx0 + np.arange(len(g.tiles), dtype=np.int64)
+                for a in range(n_ops):
+                    t, st, ln, v = (w_tile, w_start, w_len, w_vx) if a in outs else (r_tile, r_start, r_len, r_vx)
+                    t.append(g.tiles.astype(np.int64))
+                    st.append(g.addrs[:, a])
+                    ln.append(nbytes[:, a])
+                    v.append(vx)
+            vx0 += len(g.tiles)
         if self.check and w_tile:
-            j = _first_overlap(np.concatenate(w_tile), np.concatenate(w_start), np.concatenate(w_len))
+            wt, ws, wl = np.concatenate(w_tile), np.concatenate(w_start), np.concatenate(w_len)
+            j = _first_overlap(wt, ws, wl)
             if j is not None:
                 raise SimCheckError(f"step {k} ({step.label}): two vertices write overlapping bytes on tile {j[0]} "
                                     f"at byte {j[1]}")
+            race = _read_of_other_write(wt, ws, wl, np.concatenate(w_vx), np.concatenate(r_tile),
+                                        np.concatenate(r_start), np.concatenate(r_len), np.concatenate(r_vx))
+            if race is not None:
+                raise SimCheckError(f"step {k} ({step.label}): a vertex reads bytes another vertex of the same compute "
+                                    f"set writes (tile {race[0]}, byte {race[1]}): a read-after-write race")
 
     def _run(self, k: int, g: VertexGroup, cl: Codelet, outs: list[int], sel: np.ndarray, nbytes: np.ndarray) -> None:
         """One stack of vertices (equal shapes, uniform params): gather every operand, run the codelet once, scatter

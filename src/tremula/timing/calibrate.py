@@ -93,7 +93,8 @@ def sync_rows() -> list[dict]:
 
 
 def end_to_end_rows(compile_fn: Callable | None = None, entries: tuple[EndToEnd, ...] = END_TO_END) -> list[dict]:
-    """PopRT rows: items/s = batch x clock / (cycles per forward pass of the compiled Program).
+    """PopRT rows: items/s = batch x clock / (cycles charged per batch: the compiled Program's forward plus its
+    host I/O, as `compile` reports throughput; CompileResult.throughput_cycles).
 
     Without an importable compiler the rows say 'pending' instead of a number. A plan that does not fit in SRAM is
     still priced (require_fit=False) and the row says so.
@@ -115,8 +116,9 @@ def end_to_end_rows(compile_fn: Callable | None = None, entries: tuple[EndToEnd,
         except TremulaError as err:
             rows.append(_row(q, e.source, e.measured, PENDING, e.unit, f"compile failed: {err}"))
             continue
-        model = e.batch * chip.clock_hz / res.cycles if res.cycles else PENDING
-        note = f"{res.cycles:,} cycles per forward"
+        per_batch = res.throughput_cycles
+        model = e.batch * chip.clock_hz / per_batch if per_batch else PENDING
+        note = f"{res.cycles:,} cycles per forward + {per_batch - res.cycles:,} of host I/O"
         if not res.fits:
             note += f"; does not fit in SRAM at batch {e.batch} (priced anyway)"
         rows.append(_row(q, e.source, e.measured, model, e.unit, note))

@@ -1,0 +1,215 @@
+"""The precision-matched reference: the graph as planned, evaluated with the Program's accumulation order and types.
+
+The float32 reference answers "how accurate is fp16/fp8?"; it cannot answer "did the simulator run the right
+Program?", because a 4-byte shift moves an fp16 output less than fp16 rounding does. This reference evaluates the
+planned graph (half tensors, FP8 casts and quarter matmuls) with the interpreter's rules, which already accumulate as
+the codelets do (half products in float32, quarter products in half after every group of K), except where the plan
+changes the arithmetic (read from the compile's strategies):
+- a Linear whose K is split over pk tiles sums pk partials (float32 for half inputs, half values for the quarter AMP)
+  in float32 and rounds once, as `matmul_partial` / `matmul_fp8` + `reduce_partials` do;
+- a LayerNorm kept in place on nc column blocks combines per-block (mean, M2) moments (`layernorm_moments`,
+  `layernorm_apply`);
+- an attention with keys split in nk blocks stores each block's unnormalised p @ v in the attention's dtype and
+  combines the blocks in float32 (`attention_partial`, `attention_combine`).
+Each override repeats its codelets' formulas on the whole tensor (the codelets work on one tile's block of rows, and
+every formula here is per row, so the blocking of rows does not change a value).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from itertools import pairwise
+
+import numpy as np
+
+from tremula.ir.graph import Graph, Node
+from tremula.ir.interp import run
+from tremula.ir.ops import RefRule
+from tremula.plan.layout import even_cuts
+
+_PK = re.compile(r"^linear .*\bpk=(\d+)\b")
+_LN_BLOCKS = re.compile(r"^LayerNorm on \d+ x (\d+) blocks in place")
+_KEY_BLOCKS = re.compile(r"^attention, .* x (\d+) key blocks")
+
+
+def _counts(strategies: Mapping[str, str], pattern: re.Pattern) -> dict[str, int]:
+    out = {}
+    for name, s in strategies.items():
+        m = pattern.match(s)
+        if m and int(m.group(1)) > 1:
+            out[name] = int(m.group(1))
+    return out
+
+
+def k_splits(strategies: Mapping[str, str]) -> dict[str, int]:
+    """node name -> pk for the Linears the plan splits over K (pk > 1), read from the compile's strategies."""
+    return _counts(strategies, _PK)
+
+
+MatMulFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _mm32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Half or float32 operands multiplied and summed in float32, as the codelets do (BLAS picks the order)."""
+    acc = np.float32 if a.dtype == np.float16 else a.dtype
+    return np.matmul(a.astype(acc), b.astype(acc))
+
+
+def _mm64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The same products summed in float64 and rounded once to float32: another legal order of the float32 sums."""
+    acc = np.float32 if a.dtype == np.float16 else a.dtype
+    return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(acc)
+
+
+def _mm_reversed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The same products summed in float32 with K reversed: a third legal order."""
+    acc = np.float32 if a.dtype == np.float16 else a.dtype
+    return np.matmul(np.ascontiguousarray(a[..., ::-1]).astype(acc), np.ascontiguousarray(b[..., ::-1, :]).astype(acc))
+
+
+REORDERINGS: dict[str, MatMulFn] = {"float64": _mm64, "reversed": _mm_reversed}
+
+
+def _split_k_ref(op: str, pk: int, attrs: Mapping, mm: MatMulFn = _mm32) -> RefRule:
+    """x @ w (+ b) as pk K-part partials summed in float32 in part order, rounded to the output dtype, then the bias."""
+
+    def ref(xs, a):
+        x, w = xs[0], xs[1]
+        k = x.shape[-1]
+        cuts = even_cuts(k, pk)
+        if op == "LinearFp8":
+            from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul
+
+            ws = int(xs[2].reshape(-1)[0])
+            parts = [amp_fp8_matmul(x[..., a0:a1], w[a0:a1], Fp8Format.parse(a["x_fmt"]), Fp8Format.parse(a["w_fmt"]),
+                                    int(a["x_scale"]), ws, int(a["group"])) for a0, a1 in pairwise(cuts)]
+            bias, out_dt = (xs[3] if len(xs) > 3 else None), np.dtype(np.float16)
+        else:
+            parts = [mm(x[..., a0:a1], w[a0:a1]) for a0, a1 in pairwise(cuts)]
+            bias, out_dt = (xs[2] if len(xs) > 2 else None), x.dtype
+        s = parts[0].astype(np.float32)
+        for p in parts[1:]:
+            s = s + p.astype(s.dtype)
+        y = s.astype(out_dt)
+        if bias is not None:
+            y = (y + bias.astype(out_dt)).astype(out_dt)  # reduce_partials / matmul add the bias in the output dtype
+        return [y]
+
+    return ref
+
+
+def _ln_blocks_ref(nc: int) -> RefRule:
+    """LayerNorm from the moments of nc column blocks, combined in part order (codelets/norm.py _ln_apply)."""
+
+    def ref(xs, a):
+        x, g = xs[0], xs[1]
+        b = xs[2] if len(xs) > 2 else None
+        cols = x.shape[-1]
+        cuts = even_cuts(cols, nc)
+        acc = x.astype(np.float32)
+        mus, m2s = [], []
+        for c0, c1 in pairwise(cuts):
+            blk = acc[..., c0:c1]
+            mu = blk.mean(axis=-1, keepdims=True)
+            mus.append(mu)
+            m2s.append(((blk - mu) ** 2).sum(axis=-1, keepdims=True))
+        mu_p, m2_p = np.stack(mus), np.stack(m2s)  # [parts, ..., 1]
+        n = np.diff(cuts).astype(np.float32).reshape((-1,) + (1,) * (mu_p.ndim - 1))
+        mean = (n * mu_p).sum(axis=0) / np.float32(cols)
+        var = (m2_p + n * (mu_p - mean) ** 2).sum(axis=0) / np.float32(cols)
+        eps = np.float32(a.get("epsilon", 1e-5))
+        y = (acc - mean) / np.sqrt(var + eps) * g.astype(np.float32)
+        if b is not None:
+            y = y + b.astype(np.float32)
+        return [y.astype(x.dtype)]
+
+    return ref
+
+
+def _attention_ref(mm: MatMulFn) -> RefRule:
+    """The interpreter's Attention (ir/ops.py) with the matmuls' sums in mm's order."""
+    from tremula.ir.ops import _softmax
+
+    def ref(xs, a):
+        q, k, v = xs[:3]
+        mask = xs[3] if len(xs) > 3 else None
+        acc = np.dtype(np.float32) if q.dtype == np.float16 else q.dtype
+        s = mm(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * np.asarray(a["scale"], acc)
+        if mask is not None:
+            s = s + mask.astype(acc)
+        if a.get("causal", 0):
+            sq, sk = s.shape[-2], s.shape[-1]
+            s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq), s, -np.inf)
+        return [mm(_softmax(s, -1), v.astype(acc)).astype(q.dtype)]
+
+    return ref
+
+
+def _key_split_ref(nk: int, mm: MatMulFn = _mm32) -> RefRule:
+    """Attention over nk key blocks: per block p @ v (stored in the attention's dtype), row max and row sum; combined
+    in float32 (codelets/attention.py _attention_partial, _attention_combine)."""
+
+    def ref(xs, a):
+        q, k, v = xs[:3]
+        mask = xs[3] if len(xs) > 3 else None
+        acc = np.dtype(np.float32) if q.dtype == np.float16 else q.dtype
+        sq, sk = q.shape[-2], k.shape[-2]
+        cuts = even_cuts(sk, nk)
+        pvs, tops, sums = [], [], []
+        for k0, k1 in pairwise(cuts):
+            s = mm(q.astype(acc), np.swapaxes(k[..., k0:k1, :].astype(acc), -1, -2)) * acc.type(a["scale"])
+            if mask is not None:
+                s = s + (mask[..., k0:k1] if mask.shape[-1] == sk else mask).astype(acc)
+            if a.get("causal", 0):
+                rows = np.arange(sq)[:, None]
+                keys = np.arange(k0, k1)[None, :]
+                s = np.where(keys <= rows + (sk - sq), s, -np.inf)
+            top = np.max(s, axis=-1, keepdims=True)
+            finite = np.isfinite(top)
+            p = np.exp(s - np.where(finite, top, acc.type(0)))
+            pvs.append(mm(p, v[..., k0:k1, :].astype(acc)).astype(q.dtype).astype(np.float32))
+            tops.append(np.where(finite, top, -np.inf).astype(np.float32))
+            sums.append(np.sum(p, axis=-1, keepdims=True).astype(np.float32))
+        m = np.stack(tops)
+        top = np.max(m, axis=0)
+        w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
+        num = np.sum(w * np.stack(pvs), axis=0)
+        den = np.sum(w * np.stack(sums), axis=0)
+        return [(num / den).astype(q.dtype)]
+
+    return ref
+
+
+def matched_reference(planned: Graph, strategies: Mapping[str, str], feeds: dict[str, np.ndarray],
+                      reorder: str | None = None) -> dict[str, np.ndarray]:
+    """The outputs of the planned graph on `feeds`, rounded and accumulated as the Program computes them.
+
+    The order of a float32 sum is not part of the Program: NumPy's BLAS picks it from the block's shape (a
+    [8, 768] @ [768, 48] block and the same rows of the whole product can differ in the last bit), so the simulator
+    and this reference agree exactly only while no sum is long enough for the order to matter. `reorder` (a key of
+    REORDERINGS) sums every float matmul in another legal order instead: how far that moves the outputs measures how
+    far such reorderings move them for this model and input (`check_model` sets its tolerance from the largest)."""
+    split = k_splits(strategies)
+    ln_blocks = _counts(strategies, _LN_BLOCKS)
+    key_blocks = _counts(strategies, _KEY_BLOCKS)
+    mm = REORDERINGS[reorder] if reorder else _mm32
+
+    def override(node: Node) -> RefRule | None:
+        key = node.name or node.outputs[0]  # the planner's strategies key (plan/lower_ops.py)
+        if node.op == "LayerNorm" and key in ln_blocks:
+            return _ln_blocks_ref(ln_blocks[key])
+        if node.op == "Attention":
+            return _key_split_ref(key_blocks[key], mm) if key in key_blocks else (_attention_ref(mm) if reorder
+                                                                                    else None)
+        w = node.inputs[1] if len(node.inputs) > 1 else None
+        const_w = w in planned.constants and len(planned.types[w].shape) == 2
+        if node.op in ("Linear", "MatMul", "LinearFp8") and const_w and (key in split or reorder):
+            if node.op == "LinearFp8" and key not in split:
+                return None  # quarter products are exact in float32: no order to vary
+            return _split_k_ref(node.op, split.get(key, 1), node.attrs, mm)
+        if node.op == "MatMul" and reorder:  # activation x activation products
+            return lambda xs, a: [mm(xs[0], xs[1]).astype(xs[0].dtype)]
+        return None
+
+    return run(planned, feeds, override=override)

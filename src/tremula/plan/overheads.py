@@ -35,12 +35,15 @@ BYTES_PER_PARAM = 4
 EXCHANGE_BYTES_PER_TRANSFER = 16
 
 
+def strided(rows, row_bytes, stride) -> np.ndarray:
+    """Whether a side of a transfer has rows that are not back to back in its memory (its pointer moves per row)."""
+    return (np.asarray(rows, np.int64) > 1) & (np.asarray(stride, np.int64) != np.asarray(row_bytes, np.int64))
+
+
 def side_instructions(rows, row_bytes, stride) -> np.ndarray:
     """Instructions one side of a transfer runs, as the timetables count them (timing/timetable.py): one set-up plus
     one per row when its rows are not back to back in its memory (a strided side re-points per row)."""
-    rows = np.asarray(rows, np.int64)
-    strided = (rows > 1) & (np.asarray(stride, np.int64) != np.asarray(row_bytes, np.int64))
-    return 1 + np.where(strided, rows, 0)
+    return 1 + np.where(strided(rows, row_bytes, stride), np.asarray(rows, np.int64), 0)
 
 
 def _send_bytes(enc, rows, row_bytes, stride) -> np.ndarray:
@@ -48,9 +51,9 @@ def _send_bytes(enc, rows, row_bytes, stride) -> np.ndarray:
     strided source: the exchange has no constant-stride mode, ipu-stack-facts §1.1), each send carrying send_words
     words and one continuation per further continue_words words. A multicast is sent once."""
     rows, row_bytes = np.asarray(rows, np.int64), np.asarray(row_bytes, np.int64)
-    strided = (rows > 1) & (np.asarray(stride, np.int64) != row_bytes)
-    runs = np.where(strided, rows, 1)
-    words = -(-np.where(strided, row_bytes, rows * row_bytes) // 4)
+    per_row = strided(rows, row_bytes, stride)
+    runs = np.where(per_row, rows, 1)
+    words = -(-np.where(per_row, row_bytes, rows * row_bytes) // 4)
     more = -(-np.maximum(words - enc.send_words, 0) // enc.continue_words)
     return runs * (enc.send_bytes + enc.continue_bytes * more)
 
@@ -60,13 +63,13 @@ def _receive_bytes(enc, d_tile, d_buf, d_rel, nbytes, rows, row_bytes, stride) -
     destination, and one more when the entry does not start where another receive on its tile ends (receives are
     taken in address order; a tile's first receive sets its pointer with the receive itself)."""
     d_tile, d_buf, d_rel = (np.asarray(x, np.int64) for x in (d_tile, d_buf, d_rel))
-    rows, row_bytes = np.asarray(rows, np.int64), np.asarray(row_bytes, np.int64)
-    strided = (rows > 1) & (np.asarray(stride, np.int64) != row_bytes)
-    out = enc.receive_bytes + enc.pointer_reset_bytes * np.where(strided, rows - 1, 0)
+    rows = np.asarray(rows, np.int64)
+    per_row = strided(rows, row_bytes, stride)
+    out = enc.receive_bytes + enc.pointer_reset_bytes * np.where(per_row, rows - 1, 0)
     if len(d_tile) > 1:
         order = np.lexsort((d_rel, d_buf, d_tile))
         t, b, r = d_tile[order], d_buf[order], d_rel[order]
-        end = np.where(strided[order], -1, r + np.asarray(nbytes, np.int64)[order])  # a strided entry ends nowhere
+        end = np.where(per_row[order], -1, r + np.asarray(nbytes, np.int64)[order])  # a strided entry ends nowhere
         reset = np.zeros(len(order), bool)
         reset[1:] = (t[1:] == t[:-1]) & ~((b[1:] == b[:-1]) & (r[1:] == end[:-1]))
         out[order] += enc.pointer_reset_bytes * reset

@@ -1,4 +1,4 @@
-"""The `tremula` command line: chips, zoo, inspect, compile, check.
+"""The `tremula` command line: chips, zoo, inspect, compile, check, run.
 
 User errors (TremulaError, bad flags) print one line on stderr and exit with status 2; nothing prints a traceback
 unless TREMULA_DEBUG=1 is set.
@@ -293,32 +293,39 @@ def _dtype_arg(dtype: str, calibration: Optional[str]) -> str:
 
 
 def _calibration(path: Optional[str]) -> dict | None:
-    """The user's calibration inputs, read as data: '' names the only input of a one-input model (an .npy file).
+    """The user's calibration inputs, read as data (_arrays_file); the compiler checks them against the model."""
+    return _arrays_file(path, "--calibration", "calibration inputs")
 
-    Only the file is judged here: a .npy or .npz of plain numeric arrays with a batch dimension, whole, that fits in
-    the host's memory; the compiler checks the arrays against the model."""
+
+def _arrays_file(path: Optional[str], flag: str, what: str) -> dict | None:
+    """The user's arrays (calibration inputs, inputs, expected outputs), read as data: '' names the only input (or
+    output) of the model (an .npy file).
+
+    Only the file is judged here: a .npy or .npz of plain numeric arrays of at least one dimension, whole, that fits
+    in the host's memory; the compiler checks the arrays against the model."""
     if path is None:
         return None
     if not path.strip():
-        raise TremulaError("--calibration needs a file name (got an empty path)")
+        raise TremulaError(f"{flag} needs a file name (got an empty path)")
     if Path(path).is_dir():
-        raise _unreadable(path, "it is a folder; give an .npz or .npy file")
+        raise _unreadable(path, "it is a folder; give an .npz or .npy file", what)
     try:
         with open(path, "rb") as f:
             magic = f.read(6)
     except OSError as e:
-        raise _unreadable(path, e.strerror or str(e)) from None
+        raise _unreadable(path, e.strerror or str(e), what) from None
     if magic == b"\x93NUMPY":
-        headers = {"": _npy_header(path)}
+        headers = {"": _npy_header(path, what=what)}
     elif magic[:4] == b"PK\x03\x04" or magic[:4] == b"PK\x05\x06":  # a zip archive (an empty one starts PK\5\6)
-        headers = _npz_headers(path)
+        headers = _npz_headers(path, what)
     else:
-        raise _unreadable(path, "not a NumPy .npy or .npz file (write them with numpy.save or numpy.savez)")
-    _check_fits_in_memory(path, headers)
-    return _load_arrays(path, is_npz=magic[:2] == b"PK")
+        raise _unreadable(path, "not a NumPy .npy or .npz file (write them with numpy.save or numpy.savez)", what)
+    _check_fits_in_memory(path, headers, what)
+    return _load_arrays(path, magic[:2] == b"PK", what)
 
 
-def _npy_header(path: str, zf: Optional[zipfile.ZipFile] = None, member: str = "") -> tuple[tuple[int, ...], Any]:
+def _npy_header(path: str, zf: Optional[zipfile.ZipFile] = None, member: str = "",
+                what: str = "calibration inputs") -> tuple[tuple[int, ...], Any]:
     """(shape, dtype) of one .npy (the file, or `member` of the .npz open as `zf`), from its header alone, refused
     unless it is a numeric array of at least one dimension whose bytes are all there."""
     from numpy.lib import format as npy
@@ -333,35 +340,38 @@ def _npy_header(path: str, zf: Optional[zipfile.ZipFile] = None, member: str = "
             shape, _, dtype = read(f)
             available = (os.fstat(f.fileno()).st_size if zf is None else zf.getinfo(member).file_size) - f.tell()
     except Exception as e:  # a stranger's bytes: every failure to parse them is the user's file, not our bug
-        raise _unreadable(where, _first_line(e)) from None
+        raise _unreadable(where, _first_line(e), what) from None
     if dtype.hasobject:
-        raise _unreadable(where, "it holds Python objects (pickled data), which tremula never loads; save numbers")
+        raise _unreadable(where, "it holds Python objects (pickled data), which tremula never loads; save numbers",
+                          what)
     if dtype.kind not in "biuf":
-        raise _unreadable(where, f"it holds {dtype} values; calibration inputs are numbers")
+        raise _unreadable(where, f"it holds {dtype} values; {what} are numbers", what)
     if not shape:
-        raise _unreadable(where, "a 0-d array (a single number); calibration inputs have the batch dimension first")
+        raise _unreadable(where, f"a 0-d array (a single number); {what} have the batch dimension first", what)
     needed = _nbytes(shape, dtype)
     if available < needed:
         raise _unreadable(where, f"truncated: shape {list(shape)} of {dtype} needs {needed:,} bytes, the file "
-                                f"holds {max(available, 0):,}")
+                                f"holds {max(available, 0):,}", what)
     return tuple(shape), dtype
 
 
-def _npz_headers(path: str) -> dict[str, tuple[tuple[int, ...], Any]]:
+def _npz_headers(path: str, what: str = "calibration inputs") -> dict[str, tuple[tuple[int, ...], Any]]:
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
             if not names:
-                raise _unreadable(path, "an empty .npz (no arrays)")
+                raise _unreadable(path, "an empty .npz (no arrays)", what)
             odd = [n for n in names if not n.endswith(".npy")]
             if odd:
-                raise _unreadable(path, f"it holds {odd[0]!r}, which is not a .npy array; write them with numpy.savez")
-            return {n[: -len(".npy")]: _npy_header(path, zf, n) for n in names}
+                raise _unreadable(path, f"it holds {odd[0]!r}, which is not a .npy array; write them with numpy.savez",
+                                  what)
+            return {n[: -len(".npy")]: _npy_header(path, zf, n, what) for n in names}
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise _unreadable(path, _first_line(e)) from None
+        raise _unreadable(path, _first_line(e), what) from None
 
 
-def _check_fits_in_memory(path: str, headers: dict[str, tuple[tuple[int, ...], Any]]) -> None:
+def _check_fits_in_memory(path: str, headers: dict[str, tuple[tuple[int, ...], Any]],
+                          what: str = "calibration inputs") -> None:
     """A few compressed bytes can declare gigabytes: refuse what the host could not hold before reading it."""
     needed = sum(_nbytes(shape, dtype) for shape, dtype in headers.values())
     try:
@@ -370,10 +380,10 @@ def _check_fits_in_memory(path: str, headers: dict[str, tuple[tuple[int, ...], A
         return
     if needed > memory:
         raise _unreadable(path, f"it declares {human_bytes(needed)} of arrays, more than this host's "
-                                f"{human_bytes(memory)} of memory")
+                                f"{human_bytes(memory)} of memory", what)
 
 
-def _load_arrays(path: str, is_npz: bool) -> dict:
+def _load_arrays(path: str, is_npz: bool, what: str = "calibration inputs") -> dict:
     import numpy as np
 
     try:
@@ -382,15 +392,15 @@ def _load_arrays(path: str, is_npz: bool) -> dict:
                 return {k: data[k] for k in data.files}
         return {"": np.load(path, allow_pickle=False)}
     except Exception as e:  # the headers were fine, the data is not (a bad CRC, a truncated compressed stream)
-        raise _unreadable(path, _first_line(e)) from None
+        raise _unreadable(path, _first_line(e), what) from None
 
 
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     return math.prod(shape) * dtype.itemsize  # Python ints: a hostile header cannot overflow the count
 
 
-def _unreadable(where: str, reason: str) -> TremulaError:
-    return TremulaError(f"cannot read calibration inputs {where}: {reason}")
+def _unreadable(where: str, reason: str, what: str = "calibration inputs") -> TremulaError:
+    return TremulaError(f"cannot read {what} {where}: {reason}")
 
 
 def _first_line(e: BaseException) -> str:
@@ -429,8 +439,10 @@ def compile_cmd(
     calibration_inputs = _calibration(calibration)
     with _Bar(not json_out) as bar:
         res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar, calibration=calibration_inputs)
-    if output is not None:
-        save_program(res.program, output)
+    if output is not None:  # with what `tremula run` needs to stand alone: the chip's TOML and the weights' hash
+        from tremula.provenance import seal
+
+        save_program(seal(res.program, c, res.graph, seq_len), output)
     exchanges = None
     if timetable:
         from tremula.timing.program_schedule import schedule_program
@@ -487,28 +499,44 @@ def check_cmd(
     seq_len: Optional[int] = SEQ_OPT,
     seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs (a non-negative integer)."),
     calibration: Optional[str] = CALIB_OPT,
+    inputs: Optional[str] = typer.Option(None, "--inputs",
+                                         help="Check on your inputs instead of seeded ones: an .npz of input name -> "
+                                              "array (an .npy for a one-input model); their first dimension is the "
+                                              "batch. An ONNX model is also run in onnxruntime on them."),
+    expected: Optional[str] = typer.Option(None, "--expected",
+                                           help="With --inputs: the outputs you expect, an .npz of output name -> "
+                                                "array (some outputs may be left out)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Compile, run the Program in the functional simulator, and compare every output with the reference."""
+    """Compile, run the Program in the functional simulator, and compare every output with the reference (and, with
+    --inputs, with your expected outputs and onnxruntime)."""
     from tremula.chip import load_chip
     from tremula.compiler import check_model
 
     if seed < 0:  # numpy's generators take none, and a one-line answer beats an internal error after the compile
         raise TremulaError(f"--seed must be a non-negative integer (got {seed})")
+    if expected is not None and inputs is None:
+        raise TremulaError("--expected needs --inputs: expected outputs are for the inputs you give")
     dtype = _dtype_arg(dtype, calibration)
     c = load_chip(chip)
     calibration_inputs = _calibration(calibration)
+    # --calibration sets FP8 scales, --inputs are what is checked: both may be given (scales are never fit to them)
+    user_inputs = _arrays_file(inputs, "--inputs", "inputs")
+    expected_outputs = _arrays_file(expected, "--expected", "expected outputs")
     with _Bar(not json_out) as bar:
         res = check_model(model, c, _batch_arg(batch), dtype, seq_len, seed=seed, progress=bar,
-                          calibration=calibration_inputs)
+                          calibration=calibration_inputs, inputs=user_inputs, expected=expected_outputs)
     if json_out:
-        _print_json({"model": model, "chip": c.name, "passed": res.passed,
+        _print_json({"model": model, "chip": c.name, "passed": res.passed, "inputs": res.inputs,
                      "outputs": [o.__dict__ for o in res.outputs], "simulation_seconds": round(res.sim_seconds, 3),
                      "matched": [o.__dict__ for o in res.matched],
+                     "oracles": [{"name": x.name, "note": x.note, "outputs": [o.__dict__ for o in x.outputs],
+                                  "not_compared": x.not_compared} for x in res.oracles],
                      "layers": [x.__dict__ for x in res.layers], **res.compile.summary()})
     else:
-        out.print(f"[bold]{safe(model)}[/bold] on {safe(c.name)}, batch {res.compile.batch}, {res.compile.dtype} "
-                  "(against the float32 reference)")
+        source = f"your inputs {inputs}" if inputs is not None else f"seeded inputs (seed {seed})"
+        out.print(f"[bold]{safe(model)}[/bold] on {safe(c.name)}, batch {res.compile.batch}, {res.compile.dtype}, "
+                  f"{safe(source)} (against the float32 reference)", soft_wrap=True)
         for o in res.outputs:
             op = "<=" if o.metric == "max_rel_err" else ">="
             mark = "ok" if o.passed else "FAIL"
@@ -520,6 +548,19 @@ def check_cmd(
                 mark = "ok" if o.passed else "FAIL"
                 out.print(f"  {escape(printable(o.name).ljust(24))} max rel err {o.rel_err:.3e}  "
                           f"(needs <= {o.threshold:.3g})  {mark}", soft_wrap=True)
+        for oracle in res.oracles:
+            note = f"{oracle.note} {expected}" if oracle.name == "expected" else oracle.note
+            out.print(f"  against {safe(note)}:" if oracle.outputs else
+                      f"  {oracle.name}: not compared: {safe(oracle.note)}", soft_wrap=True)
+            for o in oracle.outputs:
+                op = "<=" if o.metric == "max_rel_err" else ">="
+                mark = "ok" if o.passed else "FAIL"
+                need = f"({o.metric} needs {op} {o.threshold:g})" if o.metric in ("max_rel_err", "cosine") \
+                    else f"({safe(o.metric)})"
+                out.print(f"  {escape(printable(o.name).ljust(24))} cosine {o.cosine:.6f}  max rel err "
+                          f"{o.rel_err:.3e}  {need}  {mark}", soft_wrap=True)
+            if oracle.outputs and oracle.not_compared:
+                out.print(f"    not compared: {safe(', '.join(oracle.not_compared))}", soft_wrap=True)
         if res.layers:
             out.print(f"  layers that lose most ({len(res.layers)} FP8 Linears; each one's own operand rounding):")
             names = [printable(x.node) for x in res.layers[:5]]
@@ -529,6 +570,59 @@ def check_cmd(
                           soft_wrap=True)
     if not res.passed:
         raise typer.Exit(1)
+
+
+@app.command("run")
+def run_cmd(
+    program: str = typer.Argument(..., help="A Program file written by `tremula compile ... -o`."),
+    model: str = typer.Argument(..., help="The model it was compiled from (ONNX file, checkpoint folder, or zoo "
+                                          "name), for its weights."),
+    inputs: str = typer.Option(..., "--inputs", help="An .npz of input name -> array (an .npy for a one-input "
+                                                     "model), at the Program's batch."),
+    out_path: Optional[str] = typer.Option(None, "--out", help="Write the outputs here, an .npz of output name -> "
+                                                               "array."),
+    chip: Optional[str] = typer.Option(None, "--chip", help="Refuse the Program unless it was compiled for this "
+                                                            "chip (built-in name or TOML file, by its sha256)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Load a saved Program, refuse it if it was made for another chip or other weights, and simulate it on your
+    inputs on the chip it embeds."""
+    import numpy as np
+
+    from tremula.outputs import check_outputs
+    from tremula.run_program import prepare, run_saved
+
+    if out_path is not None:
+        for path, what in ((program, "the program"), (inputs, "the inputs")):
+            if Path(out_path).resolve() == Path(path).resolve():
+                raise TremulaError(f"--out {out_path} would overwrite {what} {path}; choose another output path")
+        check_outputs({"--out": out_path}, model, chip)
+    user_inputs = _arrays_file(inputs, "--inputs", "inputs")
+    prepared = prepare(program, model, chip)
+    with _Bar(not json_out) as bar:
+        res = run_saved(prepared, user_inputs or {}, progress=bar)
+    if out_path is not None:
+        with open(out_path, "wb") as f:
+            np.savez(f, **res.outputs)
+    p, prov = prepared.program, prepared.program.provenance
+    rows = [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype),
+             "min": float(v.min()) if v.size else None, "max": float(v.max()) if v.size else None,
+             "mean": float(v.astype(np.float64).mean()) if v.size else None} for k, v in res.outputs.items()] \
+        if res.outputs else []
+    if json_out:
+        _print_json({"program": program, "model": model, "chip": p.chip, "chip_sha256": prov.chip_sha256,
+                     "weights_sha256": prov.weights_sha256, "batch": p.batch, "dtype": p.dtype,
+                     "simulation_seconds": round(res.seconds, 3), "outputs": rows, "written": out_path})
+        return
+    out.print(f"[bold]{safe(program)}[/bold]: {safe(model)} on {safe(p.chip)} (embedded, sha256 "
+              f"{prov.chip_sha256[:12]}), batch {p.batch}, {p.dtype}; weights sha256 {prov.weights_sha256[:12]} "
+              "match", soft_wrap=True)
+    for r in rows:
+        out.print(f"  {escape(printable(r['name']).ljust(24))} {r['dtype']}{r['shape']}  min {r['min']:.6g}  "
+                  f"max {r['max']:.6g}  mean {r['mean']:.6g}", soft_wrap=True)
+    out.print(f"  simulated in {res.seconds:.1f} s", soft_wrap=True)
+    if out_path is not None:
+        out.print(f"  outputs written to {safe(out_path)}", soft_wrap=True)
 
 
 def _print_rows(rows: list[dict], title: str) -> None:

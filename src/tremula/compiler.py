@@ -346,7 +346,8 @@ def _calibration_arrays(g: Graph, calibration: dict[str, np.ndarray]) -> tuple[d
     return arrays, counts.pop()
 
 
-def _calibration_values(g: Graph, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _calibration_values(g: Graph, arrays: dict[str, np.ndarray], what: str = "calibration input"
+                        ) -> dict[str, np.ndarray]:
     """The arrays in the model's input dtypes, refused (naming the input) unless of the right kind of number,
     finite, and (token ids, by the tables of canonical graph `g`) within the vocabulary: a NaN poisons every scale
     after it and a negative id would silently wrap around."""
@@ -357,25 +358,25 @@ def _calibration_values(g: Graph, arrays: dict[str, np.ndarray]) -> dict[str, np
         kind = arr.dtype.kind
         if t.dtype.startswith("float"):
             if kind not in "biuf":
-                raise TremulaError(f"calibration input {name!r} holds {arr.dtype} values; the model takes {t.dtype}")
+                raise TremulaError(f"{what} {name!r} holds {arr.dtype} values; the model takes {t.dtype}")
             arr = arr.astype(t.dtype)
             bad = ~np.isfinite(arr)
             if bad.any():
                 first = [int(i) for i in np.argwhere(bad)[0]]
-                raise TremulaError(f"calibration input {name!r} holds {int(bad.sum()):,} NaN or infinite value(s) "
-                                   f"(the first at index {first}); calibration inputs must be finite numbers")
+                raise TremulaError(f"{what} {name!r} holds {int(bad.sum()):,} NaN or infinite value(s) "
+                                   f"(the first at index {first}); {what}s must be finite numbers")
         else:
             if kind not in "biu":
-                what = "token ids" if name in tables else "integers"
-                raise TremulaError(f"calibration input {name!r} holds {arr.dtype} values; the model takes "
-                                   f"{t.dtype} ({what}): save integers")
+                ints = "token ids" if name in tables else "integers"
+                raise TremulaError(f"{what} {name!r} holds {arr.dtype} values; the model takes "
+                                   f"{t.dtype} ({ints}): save integers")
             lo, hi = int(arr.min()), int(arr.max())
             vocab = tables.get(name)
             if vocab is not None and (lo < 0 or hi >= vocab):
-                raise TremulaError(f"calibration input {name!r} holds ids from {lo} to {hi}, outside [0, {vocab}) "
+                raise TremulaError(f"{what} {name!r} holds ids from {lo} to {hi}, outside [0, {vocab}) "
                                    f"of the {vocab}-row table it indexes")
             if t.dtype != "bool" and not (np.iinfo(t.dtype).min <= lo and hi <= np.iinfo(t.dtype).max):
-                raise TremulaError(f"calibration input {name!r} holds values from {lo} to {hi}, outside "
+                raise TremulaError(f"{what} {name!r} holds values from {lo} to {hi}, outside "
                                    f"{t.dtype}'s range")
             arr = arr.astype(t.dtype)
         feeds[name] = arr
@@ -643,10 +644,25 @@ class CheckResult:
     # fp16 / fp8: each output against the precision-matched reference (sim/reference.py), with a tight tolerance:
     # did the simulator run the right Program? `outputs` (against float32) says how accurate that Program is.
     matched: list[OutputCheck] = field(default_factory=list)
+    # check --inputs: the user's expected outputs and onnxruntime on the same inputs (an ONNX file), when they apply
+    oracles: list[OracleCheck] = field(default_factory=list)
+    inputs: str = "seeded"  # where the inputs came from: "seeded" (make_feeds) or "user"
 
     @property
     def passed(self) -> bool:
-        return all(o.passed for o in self.outputs) and all(o.passed for o in self.matched)
+        return all(o.passed for o in self.outputs) and all(o.passed for o in self.matched) and \
+            all(o.passed for c in self.oracles for o in c.outputs)
+
+
+@dataclass
+class OracleCheck:
+    """The simulated outputs against one more oracle: the user's expected outputs, or onnxruntime on the ONNX file.
+    Its outputs compare as `compare` does against the float32 reference (the oracle is taken to be float32)."""
+
+    name: str  # "expected" or "onnxruntime"
+    note: str  # where its outputs came from, or why none was compared
+    outputs: list[OutputCheck] = field(default_factory=list)
+    not_compared: list[str] = field(default_factory=list)  # outputs of the program this oracle did not give
 
 
 FP32_MAX_REL_ERR = 1e-4
@@ -712,9 +728,15 @@ def _errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 def check_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
                 seq_len: int | None = None, seed: int = 0, progress: Progress | None = None, check: bool = True,
-                calibration: dict[str, np.ndarray] | None = None) -> CheckResult:
+                calibration: dict[str, np.ndarray] | None = None, inputs: dict[str, np.ndarray] | None = None,
+                expected: dict[str, np.ndarray] | None = None) -> CheckResult:
     """Compile, run the Program in the functional simulator on seeded inputs, compare with the reference interpreter.
     `batch` as in compile_model (None: the model's own); the check runs at the batch compiled.
+
+    `inputs` (input name -> array, checked by user_inputs.py before anything is compiled) replaces the seeded inputs;
+    without `batch` the batch is theirs, with one it must be theirs. Then `expected` (output name -> array; some
+    outputs may be left out) is one more oracle, and for an ONNX file onnxruntime on the same inputs is another
+    (ort_oracle.py). `calibration` still only sets FP8 scales: the inputs checked are never calibrated on.
 
     `outputs` compares with the float32 graph, so fp16 and fp8 are judged against the model they approximate (their
     accuracy, a loose cosine). fp16 and fp8 are also compared with the precision-matched reference (`matched`: the
@@ -728,11 +750,17 @@ def check_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: s
         from tremula.chip import load_chip
 
         chip = load_chip(chip)
-    res = compile_model(model, chip, batch, dtype, seq_len, progress, calibration=calibration)
     build = _builder(model, seq_len)
-    graph = model if isinstance(model, Graph) else build(res.batch)  # type: ignore[misc]
+    user: dict[str, np.ndarray] | None = None
+    if expected is not None and inputs is None:
+        raise TremulaError("--expected needs --inputs: expected outputs are for the inputs you give")
+    if inputs is not None:  # every check of the user's arrays before the compile, which can take minutes
+        batch, graph, user, expected = _user_arrays(model, build, batch, inputs, expected)
+    res = compile_model(model, chip, batch, dtype, seq_len, progress, calibration=calibration)
+    if inputs is None:
+        graph = model if isinstance(model, Graph) else build(res.batch)  # type: ignore[misc]
     ref_graph = canonical(graph)
-    feeds = make_feeds(ref_graph, seed)
+    feeds = user if user is not None else make_feeds(ref_graph, seed)
     t0 = time.perf_counter()
     got = simulate(res.program, res.graph, feeds, check=check, progress=progress)  # host streams cast the inputs
     sim_seconds = time.perf_counter() - t0
@@ -745,7 +773,55 @@ def check_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: s
         from tremula.passes.precision import layer_losses
 
         layers = layer_losses(_qdq_graph(ref_graph, res.graph), feeds)  # type: ignore[arg-type]
-    return CheckResult(res, outs, layers, sim_seconds, matched)
+    oracles = []
+    if expected is not None:
+        oracles.append(_against("expected", "your expected outputs", expected, got, res.dtype))
+    if inputs is not None:
+        from tremula.ort_oracle import is_onnx_file, run_ort
+
+        if is_onnx_file(model):
+            o = run_ort(model, feeds, res.batch)  # type: ignore[arg-type]
+            oracles.append(_against("onnxruntime", o.note, o.outputs, got, res.dtype))
+    return CheckResult(res, outs, layers, sim_seconds, matched, oracles, "user" if inputs is not None else "seeded")
+
+
+def _user_arrays(model: ModelSpec, build, batch, inputs: dict[str, np.ndarray],
+                 expected: dict[str, np.ndarray] | None):
+    """(batch, graph at that batch, feeds, expected outputs) from the user's arrays, refused in one line unless they
+    fit the model: the batch is the inputs' (or must be when --batch is given)."""
+    from tremula.user_inputs import expected_outputs, input_batch, input_feeds
+
+    if batch == "auto":
+        raise TremulaError("--batch auto searches for a batch, but --inputs fixes it: drop --batch (the inputs' "
+                           "number of samples is the batch)")
+    own = model if isinstance(model, Graph) else build(None)
+    n = input_batch(canonical(own), inputs)
+    if batch is not None and int(batch) != n:
+        raise TremulaError(f"the inputs hold {n} samples, but --batch is {batch}: give {batch} samples or drop --batch")
+    if isinstance(model, Graph):
+        if model_batch(model) not in (None, n):
+            raise TremulaError(f"the inputs hold {n} samples; this graph was built for {model_batch(model)}")
+        graph = model
+    else:
+        graph = own if model_batch(own) == n else build(n)
+    ref = canonical(graph)
+    feeds = input_feeds(ref, inputs)
+    return n, graph, feeds, (expected_outputs(ref, expected) if expected is not None else None)
+
+
+def _against(name: str, note: str, want: dict[str, np.ndarray] | None, got: dict[str, np.ndarray],
+             dtype: str) -> OracleCheck:
+    if want is None:
+        return OracleCheck(name, note)
+    outs = []
+    for o in (o for o in got if o in want):
+        w = np.asarray(want[o])
+        if w.shape != got[o].shape:  # (expected outputs are checked before; another runtime may disagree)
+            nan = float("nan")
+            outs.append(OutputCheck(o, f"shape {list(w.shape)} vs {list(got[o].shape)}", nan, nan, False))
+        else:
+            outs.append(compare(o, got[o], w, dtype))
+    return OracleCheck(name, note, outs, [o for o in got if o not in want])
 
 
 def _qdq_graph(ref_graph: Graph, planned: Graph) -> Graph:

@@ -5,7 +5,13 @@ Storage is columnar (NumPy arrays per step) because a big model has millions of 
 
 Weights are not stored in the file: a `ConstImage` names the graph constant and the 2-D block of it (rows r0:r1,
 cols c0:c1 of the constant viewed as [rows, cols], in the program's dtype) that goes at (tile, addr). The simulator
-materialises the bytes at load time from the Graph the Program was compiled from. So a Program file stays small.
+materialises the bytes at load time from the Graph the Program was compiled from. So a Program file stays small; what
+makes it stand alone is its `Provenance` (provenance.py): the chip's TOML text and its sha256, and the sha256 of the
+weights it was compiled for, so `tremula run` can refuse another chip or other weights in one line.
+
+FP8 codes are bytes in memory ("uint8", what the simulator views them as); the file names each FP8 operand's format
+as its ml_dtypes name (FP8_DTYPES), from the codelet's format parameter (FP8_OPERANDS) or, for a weight constant, from
+the Provenance's named map, and load maps them back with `storage_dtype`.
 
 File format: one NPZ (zip of .npy entries written with fixed timestamps, so the same Program gives the same bytes)
 holding `header.json` (a uint8 array of UTF-8 JSON) and flat arrays; read back with `np.load(allow_pickle=False)`.
@@ -24,7 +30,9 @@ import numpy as np
 
 from tremula.errors import TremulaError
 
-FORMAT_VERSION = 1
+# 2: shared layers' steps are calls of a template step with a patch; a Provenance (chip TOML, chip and weights
+# sha256); FP8 operands named by format
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,9 @@ class TransferTable:
     d_tile: np.ndarray  # int32 [m]
     d_addr: np.ndarray  # int64 [m]
     d_stride: np.ndarray  # int64 [m]
+    # bool [n] or None: sources read relative to the tile's weight base register (a shared layer's code sets the base
+    # to its own weights before it runs; plan/share.py). Only the steps that shared layers call have it.
+    based: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.src_tile)
@@ -121,12 +132,119 @@ class TransferTable:
 
 
 @dataclass
-class Step:
-    """One BSP superstep: every tile runs its vertices, all tiles sync, then the exchange moves data."""
+class FieldPatch:
+    """The vertex fields one shared layer rewrites in one of its template's vertex groups: operand pointers (its own
+    weights) and parameters (its own FP8 scales), one 32-bit word per field and vertex (PATCH_WORD_BYTES)."""
 
-    compute: list[VertexGroup]
-    exchange: TransferTable
-    label: str = ""
+    addr_cols: np.ndarray  # int64 [fa] operand fields rewritten
+    addrs: np.ndarray  # int64 [n, fa] their values in this layer
+    param_cols: np.ndarray  # int64 [fp] parameter fields rewritten
+    params: np.ndarray  # int64 [n, fp]
+
+    @property
+    def words(self) -> int:
+        return len(self.addr_cols) + len(self.param_cols)
+
+    def apply(self, g: VertexGroup) -> VertexGroup:
+        """The group as this layer runs it (the template's own object when nothing is rewritten)."""
+        if not self.words:
+            return g
+        addrs, params = g.addrs.copy(), g.params.copy()
+        addrs[:, self.addr_cols] = self.addrs
+        params[:, self.param_cols] = self.params
+        return VertexGroup(g.codelet, g.dtypes, g.tiles, params, addrs, g.shapes)
+
+    @staticmethod
+    def none(n: int) -> FieldPatch:
+        z = np.zeros(0, np.int64)
+        return FieldPatch(z, np.zeros((n, 0), np.int64), z, np.zeros((n, 0), np.int64))
+
+
+PATCH_WORD_BYTES = 4  # one rewritten vertex field: a 32-bit pointer or scalar
+
+
+@dataclass
+class Call:
+    """A shared layer's step: it runs step `template`'s code (a step with code of its own) after rewriting the vertex
+    fields of `fields` (one per template vertex group) and setting each tile's weight base to `base` (tiles
+    `base_tiles`), which the template's `based` sources are read relative to."""
+
+    template: int  # index of the template step in Program.steps
+    fields: list[FieldPatch]
+    base_tiles: np.ndarray  # int64 [k], ascending
+    base: np.ndarray  # int64 [k] byte distance of this layer's weights from the template layer's, on that tile
+
+
+
+class Step:
+    """One BSP superstep: every tile runs its vertices, all tiles sync, then the exchange moves data.
+
+    A step with a `call` holds no code of its own: its vertex groups and transfers are its template step's with the
+    call's patch applied, made afresh on every access (so a corrupted template or patch is what runs)."""
+
+    def __init__(self, compute: list[VertexGroup], exchange: TransferTable, label: str = "",
+                 call: Call | None = None, template: Step | None = None):
+        self._compute, self._exchange, self.label, self.call, self._template = compute, exchange, label, call, template
+        if call is not None:
+            if template is None or template.call is not None:
+                raise TremulaError("a shared layer's step must call a step that has code of its own")
+            if len(call.fields) != len(template.compute):
+                raise TremulaError("a call must patch each vertex group of its template step")
+
+    @property
+    def template(self) -> Step | None:
+        return self._template
+
+    def patch_words(self, tiles: int) -> np.ndarray:
+        """Vertex fields a call rewrites on each tile before the template's code runs (zeros for other steps)."""
+        words = np.zeros(tiles, np.int64)
+        if self.call is not None:
+            for f, g in zip(self.call.fields, self._template.compute):  # type: ignore[union-attr]
+                words += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * f.words
+        return words
+
+    def base_tiles(self, tiles: int) -> np.ndarray:
+        """bool [tiles]: tiles whose weight base a call sets (they send from the template's weight-based sources)."""
+        on = np.zeros(tiles, bool)
+        if self.call is not None:
+            t = self._template.exchange  # type: ignore[union-attr]
+            if t.based is not None:
+                on[t.src_tile[t.based]] = True
+        return on
+
+    @property
+    def compute(self) -> list[VertexGroup]:
+        if self.call is None:
+            return self._compute
+        return [f.apply(g) for f, g in zip(self.call.fields, self._template.compute)]  # type: ignore[union-attr]
+
+    @compute.setter
+    def compute(self, groups: list[VertexGroup]) -> None:
+        if self.call is not None:
+            raise TremulaError("a shared layer's step runs its template's code: change the template or the patch")
+        self._compute = groups
+
+    @property
+    def exchange(self) -> TransferTable:
+        if self.call is None:
+            return self._exchange
+        t = self._template.exchange  # type: ignore[union-attr]
+        if t.based is None or not t.based.any():
+            return t
+        src = t.src_tile[t.based].astype(np.int64)
+        pos = np.searchsorted(self.call.base_tiles, src)
+        if (pos >= len(self.call.base_tiles)).any() or (self.call.base_tiles[np.minimum(pos, len(self.call.base_tiles) - 1)] != src).any():
+            raise TremulaError(f"step {self.label}: a weight-based transfer's tile has no weight base in this call")
+        addr = t.src_addr.copy()
+        addr[t.based] += self.call.base[pos]
+        return TransferTable(t.src_tile, addr, t.rows, t.row_bytes, t.src_stride, t.dst_start, t.d_tile, t.d_addr,
+                             t.d_stride)
+
+    @exchange.setter
+    def exchange(self, table: TransferTable) -> None:
+        if self.call is not None:
+            raise TremulaError("a shared layer's step runs its template's code: change the template or the patch")
+        self._exchange = table
 
     def vertices(self) -> Iterator[Vertex]:
         for g in self.compute:
@@ -188,12 +306,88 @@ class BufferTable:
     b_size: np.ndarray  # int64 [m]
 
 
+# FP8 (QUARTER) formats by their ml_dtypes names, in the order of the codelets' format ids (codelets/fp8.FORMATS:
+# F143, F152; numerics/fp8.Fp8Format.np_dtype). In memory an FP8 operand is one byte a code, "uint8".
+FP8_DTYPES = ("float8_e4m3fnuz", "float8_e5m2fnuz")
+FP8_MIXED = "float8"  # a group whose vertices' operands are in different FP8 formats: each one's is in its params
+# Codelet -> {operand index: params column holding that operand's FP8 format id} (codelets/fp8.py's param layouts).
+FP8_OPERANDS: dict[str, dict[int, int]] = {"fp8_cast": {1: 0}, "matmul_fp8": {0: 1, 1: 2}}
+
+
+def storage_dtype(name: str) -> np.dtype:
+    """The NumPy type an element of dtype `name` is stored as in tile memory: one byte for an FP8 format, else
+    the type itself. (The simulator views operand bytes with it; the in-memory Program keeps FP8 as "uint8".)"""
+    if name in FP8_DTYPES or name == FP8_MIXED:
+        return np.dtype(np.uint8)
+    return np.dtype(name)
+
+
+def _file_dtypes(g: VertexGroup) -> list[str]:
+    """A group's operand dtypes as the file names them: each FP8 operand by its format, read from its params."""
+    names = list(g.dtypes)
+    for a, col in FP8_OPERANDS.get(g.codelet, {}).items():
+        if a >= len(names) or names[a] != "uint8" or len(g) == 0:
+            continue
+        ids = np.unique(g.params[:, col])
+        ok = len(ids) == 1 and 0 <= ids[0] < len(FP8_DTYPES)
+        names[a] = FP8_DTYPES[int(ids[0])] if ok else FP8_MIXED
+    return names
+
+
+def _memory_dtypes(codelet: str, names: list[str], params: np.ndarray) -> tuple[str, ...]:
+    """The file's operand dtypes as the Program holds them, refused (ValueError: a damaged file) when an FP8 name is
+    on an operand that is not FP8 or disagrees with the format its params give."""
+    fp8 = FP8_OPERANDS.get(codelet, {})
+    out = []
+    for a, name in enumerate(names):
+        if name in FP8_DTYPES or name == FP8_MIXED:
+            if a not in fp8:
+                raise ValueError(f"{codelet} operand {a} is named {name}, but it is not an FP8 operand")
+            if name != FP8_MIXED and len(params) and not (params[:, fp8[a]] == FP8_DTYPES.index(name)).all():
+                raise ValueError(f"{codelet} operand {a} is named {name}, but its vertices' format ids differ")
+        out.append(storage_dtype(name).name if name in FP8_DTYPES or name == FP8_MIXED else name)
+    return tuple(out)
+
+
+@dataclass
+class Provenance:
+    """What a saved Program carries to load and run alone (provenance.seal fills it; empty until then).
+
+    `run` rebuilds the planned graph from the model (canonical + precision lowering at `seq_len`, with `fp8_scales`
+    set on the activation casts, no planning), refuses it unless its weights hash to `weights_sha256`, and refuses a
+    --chip whose TOML text does not hash to `chip_sha256`."""
+
+    chip_toml: str = ""  # the chip description, the TOML text it was loaded from
+    chip_sha256: str = ""  # sha256 (hex) of chip_toml's UTF-8 bytes
+    weights_sha256: str = ""  # provenance.weights_sha256 of the planned graph's constants this Program reads
+    seq_len: int | None = None  # the --seq-len compiled with (None: the model's own)
+    fp8_scales: dict[str, int] = field(default_factory=dict)  # activation cast node name -> its power-of-two scale
+    fp8_consts: dict[str, str] = field(default_factory=dict)  # FP8 code constant name -> its format (FP8_DTYPES)
+
+    @property
+    def sealed(self) -> bool:
+        return bool(self.chip_sha256 and self.weights_sha256)
+
+    def to_json(self) -> dict:
+        return {"chip_toml": self.chip_toml, "chip_sha256": self.chip_sha256, "weights_sha256": self.weights_sha256,
+                "seq_len": self.seq_len, "fp8_scales": dict(sorted(self.fp8_scales.items()))}
+
+    @staticmethod
+    def from_json(d: dict, fp8_consts: dict[str, str]) -> Provenance:
+        seq = d["seq_len"]
+        if seq is not None and (not isinstance(seq, int) or seq < 1):
+            raise ValueError(f"seq_len {seq!r} is not a positive integer")
+        scales = {str(k): int(v) for k, v in d["fp8_scales"].items()}
+        return Provenance(str(d["chip_toml"]), str(d["chip_sha256"]), str(d["weights_sha256"]), seq, scales,
+                          dict(fp8_consts))
+
+
 @dataclass
 class Program:
     chip: str
     tiles: int
     sram_bytes_per_tile: int
-    dtype: str  # float element type of the program: float32 or float16
+    dtype: str  # element type of the program: float32, float16 or fp8 (FP8 Linear operands, float16 elsewhere)
     batch: int
     steps: list[Step]
     host_in: list[HostStream]
@@ -203,11 +397,16 @@ class Program:
     io_types: dict[str, tuple[tuple[int, ...], str]]  # graph input/output name -> (shape, dtype)
     reserved_bytes: np.ndarray  # int64 [tiles] code + vertex state + exchange code (top of each tile's SRAM)
     meta: dict = field(default_factory=dict)  # plan summary: cycles, memory by category, strategies (JSON-able)
-    # reserved_bytes by category (code, vertex_state, exchange_code): what the memory plan counted, which the steps
-    # alone cannot tell when layers share code (plan/share.py)
+    # reserved_bytes by category (code, vertex_state, exchange_code): what the memory plan reserved; the Program's
+    # own count (plan/overheads.program_reserved) never exceeds it, which compiling checks
     reserved_split: dict = field(default_factory=dict)
-    # steps whose vertex state and exchange code are another step's (a layer running its template layer's code)
-    shared_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # what the file carries to stand alone: chip TOML and hashes, how to rebuild the planned graph (provenance.py)
+    provenance: Provenance = field(default_factory=Provenance)
+
+    @property
+    def shared_steps(self) -> np.ndarray:
+        """Steps that run another step's code (a layer calling its template layer's code)."""
+        return np.array([k for k, s in enumerate(self.steps) if s.call is not None], np.int64)
 
     def n_vertices(self) -> int:
         return sum(len(g) for s in self.steps for g in s.compute)
@@ -242,33 +441,72 @@ def _json_number(o: object) -> int | float:
     raise TypeError(f"{type(o).__name__} in a Program header is not JSON data")
 
 
+_CALL_ARRAYS = ("addr_cols", "addrs", "param_cols", "params", "base_tiles", "base", "based")
+
+
+def _save_call(c: Call, parts: dict[str, list[np.ndarray]]) -> dict:
+    for f in c.fields:
+        for k in ("addr_cols", "addrs", "param_cols", "params"):
+            parts[k].append(np.asarray(getattr(f, k)).reshape(-1))
+    parts["base_tiles"].append(c.base_tiles)
+    parts["base"].append(c.base)
+    return {"template": c.template, "fields": [[len(f.addr_cols), len(f.param_cols)] for f in c.fields],
+            "n_base": len(c.base_tiles)}
+
+
+def _load_call(cm: dict, template: Step, c: dict[str, np.ndarray], cur: dict[str, int]) -> Call:
+    def take(k: str, n: int) -> np.ndarray:
+        a = c[k][cur[k]: cur[k] + n]
+        if len(a) != n:
+            raise ValueError(f"call table {k} is short")
+        cur[k] += n
+        return a.astype(np.int64)
+
+    fields = []
+    for (fa, fp), g in zip(cm["fields"], template.compute):
+        n = len(g)
+        fields.append(FieldPatch(take("addr_cols", fa), take("addrs", n * fa).reshape(n, fa),
+                                 take("param_cols", fp), take("params", n * fp).reshape(n, fp)))
+    return Call(cm["template"], fields, take("base_tiles", cm["n_base"]), take("base", cm["n_base"]))
+
+
 def save_program(program: Program, path: str | Path) -> None:
     """Write the Program to one file; the same Program always gives the same bytes."""
     groups_meta, steps_meta = [], []
     gparts: dict[str, list[np.ndarray]] = {k: [] for k in _GROUP_ARRAYS}
     tparts: dict[str, list[np.ndarray]] = {k: [] for k in _TT_ARRAYS}
+    cparts: dict[str, list[np.ndarray]] = {k: [] for k in _CALL_ARRAYS}
+    fp8 = program.provenance.fp8_consts  # weight codes' formats by constant name (the Program alone cannot tell)
     for s in program.steps:
+        if s.call is not None:  # a shared layer's step: only what differs from its template
+            steps_meta.append({"label": s.label, "call": _save_call(s.call, cparts)})
+            continue
         gids = []
         for g in s.compute:
             gids.append(len(groups_meta))
-            groups_meta.append({"codelet": g.codelet, "dtypes": list(g.dtypes), "n": len(g),
+            groups_meta.append({"codelet": g.codelet, "dtypes": _file_dtypes(g), "n": len(g),
                                 "n_params": int(g.params.shape[1]), "n_ops": len(g.dtypes)})
             for k in _GROUP_ARRAYS:
                 gparts[k].append(np.asarray(getattr(g, k)).reshape(-1))
         ex = s.exchange
-        steps_meta.append({"label": s.label, "groups": gids, "n_transfers": len(ex), "n_dests": len(ex.d_tile)})
+        steps_meta.append({"label": s.label, "groups": gids, "n_transfers": len(ex), "n_dests": len(ex.d_tile),
+                           "based": ex.based is not None})
         for k in _TT_ARRAYS:
             a = getattr(ex, k)
             tparts[k].append(a[1:] if k == "dst_start" else a)  # per-step dst_start rebuilt from counts at load
+        if ex.based is not None:
+            cparts["based"].append(ex.based)
     header = {
         "format": "tremula-program", "version": FORMAT_VERSION, "chip": program.chip, "tiles": program.tiles,
         "sram_bytes_per_tile": program.sram_bytes_per_tile, "dtype": program.dtype, "batch": program.batch,
         "steps": steps_meta, "groups": groups_meta,
         "host_in": [_stream_dict(s) for s in program.host_in], "host_out": [_stream_dict(s) for s in program.host_out],
-        "consts": [[c.name, c.tile, c.addr, c.r0, c.r1, c.c0, c.c1, c.dtype] for c in program.consts],
+        "consts": [[c.name, c.tile, c.addr, c.r0, c.r1, c.c0, c.c1, fp8.get(c.name, c.dtype) if c.dtype == "uint8"
+                    else c.dtype] for c in program.consts],
         "buffers": {"names": program.buffers.names, "category": program.buffers.category},
         "io_types": {k: [list(v[0]), v[1]] for k, v in sorted(program.io_types.items())},
         "meta": program.meta,
+        "provenance": program.provenance.to_json(),
     }
     text = json.dumps(header, sort_keys=True, default=_json_number)
     arrays: dict[str, np.ndarray] = {"header.json": np.frombuffer(text.encode(), np.uint8)}
@@ -278,8 +516,9 @@ def save_program(program: Program, path: str | Path) -> None:
         arrays[f"t_{k}"] = _cat(tparts[k], np.int64)
     for k in _BT_ARRAYS:
         arrays[f"b_{k}"] = np.ascontiguousarray(np.asarray(getattr(program.buffers, k), np.int64))
+    for k in _CALL_ARRAYS:
+        arrays[f"c_{k}"] = _cat(cparts[k], np.int64)
     arrays["reserved_bytes"] = np.ascontiguousarray(np.asarray(program.reserved_bytes, np.int64))
-    arrays["shared_steps"] = np.ascontiguousarray(np.asarray(program.shared_steps, np.int64))
     for k, v in program.reserved_split.items():
         arrays[f"reserved_{k}"] = np.ascontiguousarray(np.asarray(v, np.int64))
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
@@ -300,12 +539,26 @@ def load_program(path: str | Path) -> Program:
         header = json.loads(bytes(arrays.pop("header.json")).decode())
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         raise TremulaError(f"cannot read program file {path}: {e}; recompile it with `tremula compile`") from None
-    if header.get("format") != "tremula-program" or header.get("version") != FORMAT_VERSION:
+    if not isinstance(header, dict) or header.get("format") != "tremula-program" \
+            or header.get("version") != FORMAT_VERSION:
         raise TremulaError(f"{path} is not a tremula program file of version {FORMAT_VERSION}; recompile it")
     try:
         return _from_arrays(header, arrays)
     except (KeyError, ValueError, IndexError, TypeError) as e:
         raise TremulaError(f"program file {path} is damaged ({e}); recompile it") from None
+
+
+def _load_consts(rows: list) -> tuple[list[ConstImage], dict[str, str]]:
+    """The weight images with FP8 codes back as bytes ("uint8"), and each FP8 constant's format by name."""
+    consts, fp8 = [], {}
+    for name, tile, addr, r0, r1, c0, c1, dtype in rows:
+        if dtype in FP8_DTYPES:
+            if fp8.setdefault(name, dtype) != dtype:
+                raise ValueError(f"constant {name!r} is named in two FP8 formats")
+            dtype = storage_dtype(dtype).name
+        np.dtype(dtype)  # an unknown type name is a damaged file (TypeError), not a failure deep in the simulator
+        consts.append(ConstImage(name, tile, addr, r0, r1, c0, c1, dtype))
+    return consts, fp8
 
 
 def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
@@ -320,12 +573,24 @@ def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
             flat = arrays[f"g_{k}"][cursor[k]: cursor[k] + sizes[k]]
             part[k] = flat.reshape(shapes[k]).astype(np.int32 if k == "tiles" else np.int64)
             cursor[k] += sizes[k]
-        groups.append(VertexGroup(gm["codelet"], tuple(gm["dtypes"]), part["tiles"], part["params"], part["addrs"],
-                                  part["shapes"]))
+        groups.append(VertexGroup(gm["codelet"], _memory_dtypes(gm["codelet"], gm["dtypes"], part["params"]),
+                                  part["tiles"], part["params"], part["addrs"], part["shapes"]))
     steps = []
     tc, dc = 0, 0
     t = {k: arrays[f"t_{k}"] for k in _TT_ARRAYS}
+    calls = {k: arrays[f"c_{k}"] for k in _CALL_ARRAYS}
+    ccur = {k: 0 for k in _CALL_ARRAYS}
+
+    def take_based(n: int) -> np.ndarray:
+        a = calls["based"][ccur["based"]: ccur["based"] + n]
+        ccur["based"] += n
+        return a.astype(bool)
+
     for sm in header["steps"]:
+        if "call" in sm:
+            tmpl = steps[sm["call"]["template"]]
+            steps.append(Step([], TransferTable.empty(), sm["label"], _load_call(sm["call"], tmpl, calls, ccur), tmpl))
+            continue
         n, m = sm["n_transfers"], sm["n_dests"]
         starts = np.concatenate([[0], t["dst_start"][tc: tc + n]]).astype(np.int64)  # stored per step, relative
         ex = TransferTable(
@@ -333,19 +598,21 @@ def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
             t["row_bytes"][tc: tc + n], t["src_stride"][tc: tc + n], starts,
             t["d_tile"][dc: dc + m].astype(np.int32), t["d_addr"][dc: dc + m], t["d_stride"][dc: dc + m],
         )
+        if sm.get("based"):
+            ex.based = take_based(n)
         tc, dc = tc + n, dc + m
         steps.append(Step([groups[i] for i in sm["groups"]], ex, sm["label"]))
     bt = BufferTable(header["buffers"]["names"], header["buffers"]["category"],
                      *[arrays[f"b_{k}"] for k in _BT_ARRAYS])
     bt.b_tiles = bt.b_tiles.astype(np.int32)
+    consts, fp8_consts = _load_consts(header["consts"])
     return Program(
         chip=header["chip"], tiles=header["tiles"], sram_bytes_per_tile=header["sram_bytes_per_tile"],
         dtype=header["dtype"], batch=header["batch"], steps=steps,
         host_in=[HostStream(**d) for d in header["host_in"]], host_out=[HostStream(**d) for d in header["host_out"]],
-        consts=[ConstImage(*c) for c in header["consts"]], buffers=bt,
+        consts=consts, buffers=bt, provenance=Provenance.from_json(header["provenance"], fp8_consts),
         io_types={k: (tuple(v[0]), v[1]) for k, v in header["io_types"].items()},
         reserved_bytes=arrays["reserved_bytes"], meta=header["meta"],
         reserved_split={k[len("reserved_"):]: v for k, v in arrays.items() if k.startswith("reserved_")
                         and k != "reserved_bytes"},
-        shared_steps=arrays.get("shared_steps", np.zeros(0, np.int64)),
     )

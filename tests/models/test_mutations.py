@@ -267,3 +267,60 @@ def test_mutation_is_caught_in_plan_kind(monkeypatch, kind, dtype, mutation):
     p = copy.deepcopy(s.res.program)
     MUTATIONS[mutation](p, s)
     assert outcome(s, p, check=False) != "pass", f"{mutation} at {dtype} with {kind} passed"
+
+
+# ----------------------------------------------------------------------------- the shared layers' calls are executed
+# A shared layer's step holds no code: it calls its template step with a patch (its weight pointers and FP8 scales)
+# and a weight base per tile. Corrupting either must show, as corrupting the code itself does.
+
+
+def _first_call(p: Program, want) -> int:
+    return next(k for k, s in enumerate(p.steps) if s.call is not None and want(s.call))
+
+
+def _rewrites(c) -> bool:
+    return any(f.words for f in c.fields)
+
+
+def shift_call_field(p: Program) -> None:
+    """A call rewrites its FP8 casts' scale (parameter 1 of fp8_cast) one power of two off: the simulator must run
+    the template's code with the call's fields, not the template's. (The fields calls really rewrite here are the
+    casts' seeds, which round-to-nearest ignores.)"""
+    k = _first_call(p, _rewrites)
+    tmpl = p.steps[p.steps[k].call.template]
+    for f, g in zip(p.steps[k].call.fields, tmpl.compute):
+        if g.codelet == "fp8_cast":
+            f.param_cols = np.append(f.param_cols, 1)
+            f.params = np.concatenate([f.params, g.params[:, 1:2] + 1], axis=1)
+            return
+    raise AssertionError("no FP8 cast in a called step")
+
+
+def shift_call_base(p: Program) -> None:
+    # The last call that sends weights (the first ones move query and key weights, which random-weight attention
+    # hardly feels: see shift_weight_block).
+    k = max(k for k, s in enumerate(p.steps) if s.call is not None and len(s.call.base))
+    p.steps[k].call.base[:] += 4  # every tile sends this layer's weights from 4 bytes further on
+
+
+def template_operand_shift(p: Program) -> None:
+    """Shift an operand in a template step: every layer that calls it runs the shifted code."""
+    t = next(s.call.template for s in p.steps if s.call is not None and p.steps[s.call.template].compute)
+    grp = max(p.steps[t].compute, key=len)
+    grp.addrs[:, -1] += 4  # its outputs land 4 bytes off
+
+
+CALL_MUTATIONS = {"call's rewritten field": shift_call_field, "call's weight base +4 B": shift_call_base,
+                  "template operand +4 B": template_operand_shift}
+
+
+@pytest.mark.parametrize("mutation", list(CALL_MUTATIONS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_call_mutation_is_caught(monkeypatch, dtype, mutation):
+    s = _setup(dtype, "shared layers", *_force(monkeypatch, "shared layers", dtype))
+    assert _is_kind(s.res, "shared layers") and len(s.res.program.shared_steps)
+    p = copy.deepcopy(s.res.program)
+    if mutation == "call's rewritten field" and not any(_rewrites(st.call) for st in p.steps if st.call is not None):
+        pytest.skip(f"at {dtype} no call rewrites a vertex field (no FP8 scales; weights arrive by exchange)")
+    CALL_MUTATIONS[mutation](p)
+    assert outcome(s, p, check=False) != "pass", f"{mutation} at {dtype} passed"

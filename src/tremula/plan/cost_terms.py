@@ -6,6 +6,8 @@ do not have, priced as the nearest listed instruction sequence (KIND_ALIAS says 
 
 from __future__ import annotations
 
+import numpy as np
+
 from tremula import cost
 
 # kind -> list of (chip vector op, how many passes). Comparisons/select/logic are one 64-bit vector instruction per
@@ -80,3 +82,16 @@ def exchange_cycles(chip, max_sent: int, max_recv: int) -> int:
 
 def sync_cycles(chip) -> int:
     return int(cost.sync_cycles(chip))
+
+
+# A shared layer's call (program.Call), before its template's code runs, on each tile: the patch vertex rewrites the
+# call's vertex fields (a 78-word patch took 936 cycles on six workers on a C600, ipu-stack-facts §2.2 [M]: 12 cycles
+# a word, its fixed part included), and tiles that send from weights set their weight base (SETZI + INCOMING_BASE +
+# OUTGOING_BASE: 27 cycles, §1.4 [M]). Measured on IPU21; used for every chip (the instructions are the same).
+PATCH_CYCLES_PER_WORD = 936 // 78
+BASE_SET_CYCLES = 27
+
+
+def call_cycles(words: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Cycles per tile a call spends before its template's code: `words` fields rewritten, `base` set or not."""
+    return PATCH_CYCLES_PER_WORD * np.asarray(words, np.int64) + BASE_SET_CYCLES * np.asarray(base, np.int64)

@@ -12,9 +12,11 @@ from tremula.plan.exchange import SymTransfers
 from tremula.plan.layout import blocks
 from tremula.plan.memory import MemoryPlan, plan_memory
 from tremula.plan.overheads import reserved_bytes
-from tremula.plan.share import check_weight_strides, find_sharing
+from tremula.errors import TremulaError
+from tremula.plan.share import check_weight_strides, find_sharing, patch_columns
 from tremula.plan.state import LoweringState
-from tremula.program import BufferTable, ConstImage, HostStream, Program, Step, TransferTable, VertexGroup
+from tremula.program import (BufferTable, Call, ConstImage, FieldPatch, HostStream, Program, Step, TransferTable,
+                             VertexGroup)
 
 I64 = np.int64
 
@@ -104,6 +106,10 @@ def step_cycles(chip, step: Step) -> tuple[int, int, int]:
         tile_c = np.bincount(g.tiles, weights=cyc[inv.reshape(-1)])
         for t in np.flatnonzero(tile_c):
             per_tile[int(t)] = per_tile.get(int(t), 0) + int(tile_c[t])
+    if step.call is not None:  # a shared layer: rewriting its fields and setting its weight base come first
+        extra = cost_terms.call_cycles(step.patch_words(chip.tiles), step.base_tiles(chip.tiles))
+        for t in np.flatnonzero(extra):
+            per_tile[int(t)] = per_tile.get(int(t), 0) + int(extra[t])
     comp = max(per_tile.values(), default=0)
     ex = step.exchange
     exc = 0
@@ -128,6 +134,9 @@ def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reser
                               t.row_bytes, t.src_stride, t.dst_start, t.d_tile.astype(np.int32),
                               res(t.d_buf, t.d_tile) + t.d_rel, t.d_stride)
         steps.append(Step(groups, table, st.label))
+    sharing = getattr(state, "sharing", None)
+    if sharing is not None:
+        steps = _calls(state, sharing, steps)
     consts = []
     for c in state.consts:
         addrs = res(np.full(len(c.tiles), c.buf), c.tiles) + c.rels
@@ -142,18 +151,65 @@ def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reser
     bt = BufferTable([b.name for b in bufs], [b.category for b in bufs], live.first, live.last, tile_start,
                      b_tiles.astype(np.int32), res(b_ids, b_tiles).astype(I64),
                      np.concatenate([b.sizes for b in bufs]).astype(I64) if bufs else np.zeros(0, I64))
-    return Program(chip.name, chip.tiles, chip.sram_bytes_per_tile, dtype, batch, steps,
-                   _streams(state.host_in, mp), _streams(state.host_out, mp), consts, bt, io_types,
-                   sum(reserved.values()).astype(I64),
-                   reserved_split={k: np.asarray(v, I64) for k, v in reserved.items()},
-                   shared_steps=_shared_steps(state))
+    program = Program(chip.name, chip.tiles, chip.sram_bytes_per_tile, dtype, batch, steps,
+                      _streams(state.host_in, mp), _streams(state.host_out, mp), consts, bt, io_types,
+                      sum(reserved.values()).astype(I64),
+                      reserved_split={k: np.asarray(v, I64) for k, v in reserved.items()})
+    _check_reserved(program, chip, reserved)
+    return program
 
 
-def _shared_steps(state: LoweringState) -> np.ndarray:
-    """Steps all of whose vertex groups and transfer tables run a template layer's code."""
-    sh = getattr(state, "sharing", None)
-    if sh is None:
-        return np.zeros(0, I64)
-    return np.array([k for k, s in enumerate(state.steps) if (s.groups or s.transfers)
-                     and all((k, i) in sh.replica_groups for i in range(len(s.groups)))
-                     and all((k, i) in sh.replica_tables for i in range(len(s.transfers)))], I64)
+def _check_reserved(program: Program, chip, reserved: dict[str, np.ndarray]) -> None:
+    """The code, vertex state and exchange code the Program holds, counted from its own steps, fit in what the memory
+    plan reserved for them on every tile (receives into adjacent buffers can make the count smaller, never larger)."""
+    counted = reserved_bytes(program.tiles, program.steps, chip)
+    for cat, have in counted.items():
+        over = np.flatnonzero(have > reserved[cat])
+        if len(over):
+            t = int(over[0])
+            raise TremulaError(f"internal: the Program holds {int(have[t]):,} B of {cat.replace('_', ' ')} on tile {t}, "
+                               f"the memory plan reserved {int(reserved[cat][t]):,} B; plan rejected")
+
+
+def _calls(state: LoweringState, sharing, steps: list[Step]) -> list[Step]:
+    """Each shared layer's step as a Call of its template step: the fields and weight base that differ, checked to
+    give back exactly the step the layer was lowered to (matching is checked, never assumed)."""
+    is_w = np.array([b.category == "weights" for b in state.bufs], bool)
+    for t in set(sharing.calls.values()):
+        src_buf = SymTransfers.concat(state.steps[t].transfers).src_buf
+        steps[t].exchange.based = is_w[src_buf]
+    out = list(steps)
+    for k, t in sorted(sharing.calls.items()):
+        tmpl, mine = steps[t], steps[k]
+        fields = []
+        for ga, gb, pa, pb in zip(state.steps[t].groups, state.steps[k].groups, tmpl.compute, mine.compute):
+            ac, pc = patch_columns(ga, gb, is_w)
+            fields.append(FieldPatch(ac, pb.addrs[:, ac], pc, pb.params[:, pc]))
+        base_tiles, base = _weight_base(tmpl.exchange, mine.exchange, mine.label)
+        call = Step([], TransferTable.empty(), mine.label, Call(t, fields, base_tiles, base), tmpl)
+        for a, b in zip(call.compute, mine.compute):
+            if not all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("tiles", "params", "addrs", "shapes")):
+                raise TremulaError(f"internal: step {k} ({mine.label}) is not its template's code with its patch")
+        a, b = call.exchange, mine.exchange
+        if not all(np.array_equal(getattr(a, f), getattr(b, f)) for f in _TABLE_FIELDS):
+            raise TremulaError(f"internal: step {k} ({mine.label}) does not exchange as its template with its base")
+        out[k] = call
+    return out
+
+
+_TABLE_FIELDS = ("src_tile", "src_addr", "rows", "row_bytes", "src_stride", "dst_start", "d_tile", "d_addr",
+                 "d_stride")
+
+
+def _weight_base(tmpl: TransferTable, mine: TransferTable, label: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tiles, base): the distance of the layer's weights from the template's on each tile that sends from them."""
+    based = tmpl.based if tmpl.based is not None else np.zeros(len(tmpl), bool)
+    if len(tmpl) != len(mine):
+        raise TremulaError(f"internal: step {label} has other transfers than its template")
+    delta = np.asarray(mine.src_addr, I64) - np.asarray(tmpl.src_addr, I64)
+    tiles = np.asarray(tmpl.src_tile, I64)[based]
+    u, first = np.unique(tiles, return_index=True)
+    base = delta[based][first]
+    if not np.array_equal(delta[based], base[np.searchsorted(u, tiles)]):
+        raise TremulaError(f"internal: step {label}'s weights are not at one distance per tile from its template's")
+    return u.astype(I64), base.astype(I64)

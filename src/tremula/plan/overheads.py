@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tremula.program import PATCH_WORD_BYTES
+
 # Code bytes per distinct codelet on a tile. Basis: a Poplar vertex is a few hundred instructions of 4 or 8 bytes
 # (poplibs' hand-written assembly for ConvPartial1x1 runs to ~1000 lines incl. the supervisor and worker paths; an
 # element-wise popops vertex ~100-250 lines). Code must live in the non-interleaved region (ref §2).
@@ -33,6 +35,13 @@ BYTES_PER_PARAM = 4
 # a send and a receive of the chip model below with a pointer reset each. With a chip, its [exchange_code] table
 # (the encoding model of ipu-stack-facts §1.2, validated there at -14 .. +17.5 % on encoded rows) prices them.
 EXCHANGE_BYTES_PER_TRANSFER = 16
+# A shared layer's step (a Call, program.py) on each tile: one supervisor call of the template step's code (IPU
+# supervisor instructions are 32-bit); on tiles that send from weights, SETZI + a base-register write (8 B; timed
+# together in ipu-stack-facts §1.4); on tiles whose vertex fields it rewrites, the patch vertex's own state (a copy
+# vertex: header + source and destination operands) beside the 4-byte rewritten words themselves.
+CALL_BYTES = 4
+BASE_SET_BYTES = 8
+PATCH_VERTEX_BYTES = VERTEX_HEADER_BYTES + 2 * BYTES_PER_OPERAND
 
 
 def strided(rows, row_bytes, stride) -> np.ndarray:
@@ -98,6 +107,25 @@ def transfer_code_bytes(t, chip) -> tuple[np.ndarray, np.ndarray]:
     return _send_bytes(enc, t.rows, t.row_bytes, t.src_stride), _receive_bytes(enc, *_destinations(t))
 
 
+def _call(k: int, s, tiles: int, sharing) -> tuple[np.ndarray, np.ndarray] | None:
+    """(vertex fields rewritten, tiles whose weight base is set) per tile when step k is a shared layer's call: a
+    Program step's own Call, or a plan step that `sharing` makes one; None for a step with code of its own."""
+    if getattr(s, "call", None) is not None:
+        return s.patch_words(tiles), s.base_tiles(tiles)
+    if sharing is not None and k in sharing.calls:
+        return sharing.call_words[k], sharing.call_base[k]
+    return None
+
+
+def _based(k: int, i: int, t, sharing, is_weight) -> np.ndarray | None:
+    """bool per transfer of a template's table: sources read relative to the weight base; None for other tables."""
+    if getattr(t, "based", None) is not None:
+        return t.based
+    if sharing is not None and (k, i) in sharing.template_tables:
+        return is_weight[t.src_buf]
+    return None
+
+
 def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -> dict[str, np.ndarray]:
     """code, vertex_state and exchange_code bytes per tile for a list of steps (Program Steps or SymSteps).
 
@@ -113,27 +141,30 @@ def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -
     vstate = np.zeros(tiles, np.int64)
     excode = np.zeros(tiles, np.int64)
     own_steps = 0  # steps whose control code is the tiles' own (not a template layer's)
+    ctrl = np.zeros(tiles, np.int64)  # the calls' control code
     for k, s in enumerate(steps):
+        call = _call(k, s, tiles, sharing)
+        if call is not None:  # a shared layer's step: its call and patch only; the code is its template's
+            words, base = call
+            ctrl += CALL_BYTES + BASE_SET_BYTES * base
+            vstate += words * PATCH_WORD_BYTES + PATCH_VERTEX_BYTES * (words > 0)
+            for g in s.compute if hasattr(s, "compute") else s.groups:
+                code_sets.setdefault(g.codelet, np.zeros(tiles, bool))[g.tiles] = True
+            continue
+        own_steps += 1
         groups = s.compute if hasattr(s, "compute") else s.groups
         tables = [s.exchange] if hasattr(s, "exchange") else s.transfers
-        replica = sharing is not None and (groups or tables) and \
-            all((k, i) in sharing.replica_groups for i in range(len(groups))) and \
-            all((k, i) in sharing.replica_tables for i in range(len(tables)))
-        own_steps += not replica
         for i, g in enumerate(groups):
             mark = code_sets.setdefault(g.codelet, np.zeros(tiles, bool))
             mark[g.tiles] = True
-            if sharing is not None and (k, i) in sharing.replica_groups:
-                continue
             per = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * len(g.dtypes) + BYTES_PER_PARAM * g.params.shape[1]
             vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
-        own = [t for i, t in enumerate(tables) if sharing is None or (k, i) not in sharing.replica_tables]
+        own = tables
         for i, t in enumerate(tables):
-            if sharing is not None and (k, i) in sharing.replica_tables:
-                continue
             send, recv = transfer_code_bytes(t, chip)
-            if sharing is not None and (k, i) in sharing.template_tables:
-                send = send + (instr or EXCHANGE_BYTES_PER_TRANSFER // 4) * is_weight[t.src_buf]
+            based = _based(k, i, t, sharing, is_weight)
+            if based is not None:  # a template's weight-sourced send adds the layer's weight base
+                send = send + (instr or EXCHANGE_BYTES_PER_TRANSFER // 4) * based
             excode += np.bincount(t.src_tile, weights=send, minlength=tiles).astype(np.int64)
             if enc is None:
                 excode += np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(np.int64)
@@ -147,10 +178,8 @@ def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -
                 in_phase[t.src_tile] = True
                 in_phase[t.d_tile] = True
             excode += enc.phase_bytes_per_tile * in_phase
-    if sharing is not None:
-        vstate += sharing.patch_bytes
     code = np.full(tiles, BASE_CODE_BYTES + (enc.control_bytes_per_step * own_steps if enc is not None else 0),
-                   np.int64)
+                   np.int64) + ctrl
     for name, mark in code_sets.items():
         code += mark * CODE_BYTES.get(name, 1024)
     return {"code": code, "vertex_state": vstate, "exchange_code": excode}

@@ -11,7 +11,10 @@ an outlined function (a Poplar `Call`), if
   instruction per weight-sourced transfer on its sender, and vertices that point at weights, or whose parameters
   differ between layers (FP8 activation scales), get those fields rewritten before each call from a table of
   4 bytes per field and layer (counted as vertex state).
-Layers that do not match are not shared and keep their own code; matching is checked, never assumed.
+Layers that do not match are not shared and keep their own code; matching is checked, never assumed. In the Program,
+each step of a shared layer is a `Call` of its template step (program.py) holding only those fields and the per-tile
+weight base: the simulator runs the template's code with them applied, and the timing charges rewriting them
+(cost_terms.call_cycles).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ import numpy as np
 
 from tremula.plan.layers import layer_key
 from tremula.plan.state import LoweringState
+from tremula.program import PATCH_WORD_BYTES
 
 I64 = np.int64
-PATCH_BYTES_PER_FIELD = 4  # one 32-bit word per rewritten vertex field and layer
 
 
 @dataclass
@@ -44,6 +47,9 @@ class Sharing:
     weight_pairs: list = field(default_factory=list)  # (replica weight bufs, template weight bufs) per shared layer
     patch_bytes: np.ndarray | None = None  # [tiles] the per-layer tables of rewritten vertex fields
     shared_layers: int = 0  # layers that run a template's code
+    calls: dict = field(default_factory=dict)  # step -> the template step whose code it runs (the Program's Calls)
+    call_words: dict = field(default_factory=dict)  # step -> int64 [tiles] vertex fields its call rewrites
+    call_base: dict = field(default_factory=dict)  # step -> bool [tiles] tiles whose weight base its call sets
 
 
 def _entries(state: LoweringState) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
@@ -65,18 +71,24 @@ _GROUP_SAME = ("tiles", "rels", "shapes")
 _TABLE_SAME = ("src_tile", "src_rel", "rows", "row_bytes", "src_stride", "dst_start", "d_tile", "d_rel", "d_stride")
 
 
+def patch_columns(ga, gb, is_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(operand fields, parameter fields) a layer's group gb rewrites in its template's group ga before each call:
+    pointers to weights (they move with the layer) and parameters that differ (FP8 scales)."""
+    return np.flatnonzero(is_w[ga.bufs].any(axis=0)), np.flatnonzero((ga.params != gb.params).any(axis=0))
+
+
 def _key(b: np.ndarray, a: np.ndarray) -> np.ndarray:
     """A (b, a) buffer pair as one int64, so that pairs can be made unique in one dimension (fast)."""
     return (np.asarray(b, I64).reshape(-1) << 32) | np.asarray(a, I64).reshape(-1)
 
 
 def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
-    """Compare layer b's items with template a's: (step shift, buffer pairs [n, 2] as (b, a), patch bytes per tile)
-    or None when they differ."""
+    """Compare layer b's items with template a's: (step shift, buffer pairs [n, 2] as (b, a)) or None when they
+    differ."""
     if len(a) != len(b) or not a:
         return None
     shift = b[0][0] - a[0][0]
-    pairs, patch = [], np.zeros(state.T, I64)
+    pairs = []
     for (ka, kind, ia), (kb, kind_b, ib) in zip(a, b):
         if kind != kind_b or kb - ka != shift:
             return None
@@ -86,10 +98,6 @@ def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
                     any(not np.array_equal(getattr(ga, f), getattr(gb, f)) for f in _GROUP_SAME) or \
                     ga.bufs.shape != gb.bufs.shape:
                 return None
-            # fields rewritten per call: parameters that differ, pointers to weights (they move with the layer)
-            nfields = (ga.params != gb.params).any(axis=0).sum() + is_w[ga.bufs].any(axis=0).sum()
-            if nfields:
-                patch += np.bincount(ga.tiles, minlength=state.T).astype(I64) * int(nfields) * PATCH_BYTES_PER_FIELD
             pairs.append(np.unique(_key(gb.bufs, ga.bufs)))
         else:
             ta, tb = state.steps[ka].transfers[ia], state.steps[kb].transfers[ib]
@@ -107,7 +115,7 @@ def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
         sa, sb = state.bufs[pa], state.bufs[pb]
         if is_w[pa] != is_w[pb] or not (np.array_equal(sa.tiles, sb.tiles) and np.array_equal(sa.sizes, sb.sizes)):
             return None
-    return shift, pairs, patch
+    return shift, pairs
 
 
 def find_sharing(state: LoweringState) -> Sharing:
@@ -123,7 +131,7 @@ def find_sharing(state: LoweringState) -> Sharing:
         k = 0
         while k < len(idx):
             tmpl = entries[(p, idx[k])]
-            matched = []  # (layer's entries, pairs, patch)
+            matched = []  # (layer's entries, pairs)
             period = None
             for j in idx[k + 1:]:
                 mine = entries[(p, j)]
@@ -132,11 +140,46 @@ def find_sharing(state: LoweringState) -> Sharing:
                         (period is not None and r[0] != period * (len(matched) + 1)):
                     break
                 period = period or r[0]
-                matched.append((mine, r[1], r[2]))
+                matched.append((mine, r[1]))
             k += 1 + len(matched)
             if matched:
                 _add_run(sh, state, tmpl, period, matched, is_w, owned)
+    _whole_steps(sh, state, is_w)
     return sh
+
+
+def _whole_steps(sh: Sharing, state: LoweringState, is_w: np.ndarray) -> None:
+    """Keep the sharing the Program can hold: a step runs its template's code (a Call) only when every one of its
+    vertex groups and transfer tables is a replica of the item at the same index of one template step, which has
+    code of its own; anything else keeps its own code. Patch bytes and weight-based tables follow the calls kept."""
+    steps = {k for k, _ in sh.replica_groups} | {k for k, _ in sh.replica_tables}
+    calls = {}
+    for k in sorted(steps):
+        s = state.steps[k]
+        t = sh.calls.get(k)
+        ok = t is not None and t >= 0 and t not in steps and \
+            all((k, i) in sh.replica_groups for i in range(len(s.groups))) and \
+            all((k, i) in sh.replica_tables for i in range(len(s.transfers))) and \
+            (len(s.groups), len(s.transfers)) == (len(state.steps[t].groups), len(state.steps[t].transfers))
+        if ok:
+            calls[k] = t
+    sh.calls = calls
+    if not calls:
+        sh.shared_layers = 0
+    sh.replica_groups = {(k, i) for k in calls for i in range(len(state.steps[k].groups))}
+    sh.replica_tables = {(k, i) for k in calls for i in range(len(state.steps[k].transfers))}
+    sh.template_tables = {(t, i) for t in set(calls.values()) for i in range(len(state.steps[t].transfers))}
+    sh.patch_bytes = np.zeros(state.T, I64)
+    sh.call_words, sh.call_base = {}, {}
+    for k, t in calls.items():
+        words = np.zeros(state.T, I64)
+        for ga, gb in zip(state.steps[t].groups, state.steps[k].groups):
+            words += np.bincount(ga.tiles, minlength=state.T).astype(I64) * sum(map(len, patch_columns(ga, gb, is_w)))
+        base = np.zeros(state.T, bool)
+        for tt in state.steps[t].transfers:
+            base[tt.src_tile[is_w[tt.src_buf]]] = True
+        sh.call_words[k], sh.call_base[k] = words, base
+        sh.patch_bytes += words * PATCH_WORD_BYTES
 
 
 def _add_run(sh: Sharing, state: LoweringState, tmpl: list, period: int, matched: list, is_w: np.ndarray,
@@ -165,11 +208,13 @@ def _add_run(sh: Sharing, state: LoweringState, tmpl: list, period: int, matched
     _, cls = np.unique(roots, return_inverse=True)
     owned[members] = run_id
     sh.runs.append(Run(2 * tmpl[0][0], 2 * period, members, cls.astype(I64).reshape(-1)))
-    for mine, pairs, patch in matched:
+    for mine, pairs in matched:
         sh.shared_layers += 1
-        for k, kind, i in mine:
+        for (k, kind, i), (ka, _, ia) in zip(mine, tmpl):
             (sh.replica_groups if kind == 0 else sh.replica_tables).add((k, i))
-        sh.patch_bytes += patch
+            # a step maps to one template step, item for item, or it is not a call (_whole_steps)
+            if i != ia or sh.calls.setdefault(k, ka) != ka:
+                sh.calls[k] = -1
         w = is_w[pairs[:, 0]]
         sh.weight_pairs.append((pairs[w, 0], pairs[w, 1]))
     sh.template_tables.update((k, i) for k, kind, i in tmpl if kind == 1)

@@ -206,6 +206,8 @@ def tile_cycles(chip, step: Step, tiles: int) -> tuple[np.ndarray, np.ndarray, n
             vi = np.array([p[1] for p in parts], np.float64)
             amp += np.bincount(g.tiles, weights=va[inv], minlength=tiles).astype(I64)
             ideal += np.bincount(g.tiles, weights=vi[inv], minlength=tiles)
+    if step.call is not None:  # as step_cycles: a shared layer's call rewrites its fields first
+        cyc += cost_terms.call_cycles(step.patch_words(tiles), step.base_tiles(tiles))
     return cyc, nv, amp, ideal
 
 
@@ -252,8 +254,8 @@ def tile_memory(program: Program, live: dict[str, np.ndarray], chip=None) -> dic
 
 
 def _reserved_split(program: Program, chip=None) -> dict[str, np.ndarray]:
-    # The Program stores the split the planner counted; older files only the sum: then the split is recomputed by the
-    # same function (and chip) the planner used.
+    # What the memory plan reserved for code, vertex state and exchange code (the Program's own count of them is never
+    # more: plan/finalize._check_reserved); counted from the Program's steps when no reservation was kept.
     if program.reserved_split:
         return {k: np.asarray(program.reserved_split[k], I64) for k in RESERVED}
     from tremula.plan.overheads import reserved_bytes

@@ -16,7 +16,7 @@ import numpy as np
 
 from tremula import cost
 from tremula.codelets import first, register
-from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, dequantize, quantize
+from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, dequantize, quantize, round_half_f32
 
 __all__ = ["FORMATS", "amp_fp8_matmul", "amp_matmul_stack", "format_id"]  # amp_fp8_matmul: the reference, re-exported
 from tremula.plan import cost_terms
@@ -55,18 +55,22 @@ _DECODE = {f: dequantize(np.arange(256, dtype=np.uint8), f, 0, "float32") for f 
 _F16_MAX = float(np.finfo(np.float16).max)
 
 
-def round_to_half(v: np.ndarray) -> np.ndarray:
-    """float32 values (finite, |v| <= 65504) rounded to the nearest half value, ties to even, kept in float32: the
-    same numbers as v.astype(float16).astype(float32), in float32 arithmetic (several times faster than NumPy's half
-    casts). Adding M = 2**13 x the value's binade (at least 2**-14, the half subnormal range) rounds it to a multiple
-    of M's float32 ulp, which is the half quantum there; subtracting M back is exact. Works in place on v."""
-    a = np.abs(v)
-    m = (a.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)  # 2**exponent (0 for zero)
-    np.maximum(m, np.float32(2.0**-14), out=m)
-    m *= np.float32(2.0**13)
-    a += m
-    a -= m
-    return np.copysign(a, v, out=v)
+round_to_half = round_half_f32  # the running sum's rounding: one definition, beside the reference's matmul
+
+
+# Codes that decode to NaN or inf, per format: only they can make a running sum non-finite (finite products of FP8
+# values stay far below float32's range, and clipping bounds the sum), so without them no per-group check is needed.
+_BAD_CODES = {f: np.flatnonzero(~np.isfinite(_DECODE[f])).astype(np.uint8) for f in FORMATS}
+AMP_BLOCK = 1 << 16  # accumulator elements per block: a block's running sum and products stay in the L2 cache
+
+
+def _finite_codes(codes: np.ndarray, fmt: Fp8Format) -> bool:
+    bad = _BAD_CODES[fmt]
+    if len(bad) == 0:
+        return True
+    if len(bad) == 1:
+        return not (codes == bad[0]).any()
+    return not np.isin(codes, bad).any()
 
 
 def amp_matmul_stack(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format, w_fmt: Fp8Format, x_scale: int,
@@ -75,24 +79,27 @@ def amp_matmul_stack(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format,
 
     The same float32 products per group of K (one BLAS matmul per vertex and group, on the same strided blocks), the
     same scaling, clipping and rounding of the running sum to half after each group, so the result is bit-identical;
-    the running sum stays in float32 holding half values (round_to_half) instead of going through half arrays.
+    the running sum stays in float32 holding half values (round_to_half) instead of going through half arrays. The
+    vertices run in blocks whose sums stay in cache across the groups, updated in place.
     """
-    x, w = _DECODE[x_fmt][x_codes], _DECODE[w_fmt][w_codes]
+    x, w = np.take(_DECODE[x_fmt], x_codes), np.take(_DECODE[w_fmt], w_codes)
     n, m, k = x.shape
     scale = (2.0 ** (x_scale + w_scale.astype(np.int64))).astype(np.float32)
-    if k % group == 0:  # every group's product in one stacked call: [n, groups, m, group] @ [n, groups, group, n']
-        parts = np.matmul(x.reshape(n, m, k // group, group).transpose(0, 2, 1, 3),
-                          w.reshape(n, k // group, group, w.shape[-1]))
-        parts = [parts[:, j] for j in range(k // group)]
-    else:
-        parts = [np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :]) for k0 in range(0, k, group)]
-    acc = np.zeros((n, m, w.shape[-1]), np.float32)  # +0, as the reference's zero half partials
-    for part in parts:
-        acc = np.clip(acc + part * scale, -_F16_MAX, _F16_MAX)  # partials saturate
-        if not np.isfinite(acc).all():  # NaN codes: let the half casts carry the NaNs as the reference does
-            return _amp_with_half_casts(parts, scale)
-        acc = round_to_half(acc)
-    return acc
+    if not (_finite_codes(x_codes, x_fmt) and _finite_codes(w_codes, w_fmt) and np.isfinite(scale).all()):
+        # NaN codes (or an infinite scale): let the half casts carry the NaNs as the reference does
+        return _amp_with_half_casts([np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :])
+                                     for k0 in range(0, k, group)], scale)
+    out = np.zeros((n, m, w.shape[-1]), np.float32)  # +0, as the reference's zero half partials
+    per = max(1, AMP_BLOCK // max(1, m * w.shape[-1]))
+    for lo in range(0, n, per):
+        xs, ws, sc, acc = x[lo: lo + per], w[lo: lo + per], scale[lo: lo + per], out[lo: lo + per]
+        for k0 in range(0, k, group):
+            part = np.matmul(xs[..., k0: k0 + group], ws[..., k0: k0 + group, :])
+            part *= sc
+            acc += part
+            np.clip(acc, -_F16_MAX, _F16_MAX, out=acc)  # partials saturate
+            round_to_half(acc)
+    return out
 
 
 def _amp_with_half_casts(parts: list[np.ndarray], scale: np.ndarray) -> np.ndarray:

@@ -114,6 +114,7 @@ class Chip:
     local_load_bytes_per_cycle: int
     memory_element_bytes: int
     non_interleaved_bytes_per_tile: int  # the region instructions can be fetched from (code, exchange code)
+    interleaved_element_bytes: int  # an effective memory element above that region (elements interleaved in pairs)
     operand_align_bytes: int  # alignment of every buffer (AMP operands need it)
     exchange_send_bytes_per_cycle_per_tile: int
     exchange_recv_bytes_per_cycle_per_tile: int
@@ -250,6 +251,7 @@ def _parse(text: str, where: str) -> Chip:
         local_load_bytes_per_cycle=r.pos_int("local_load_bytes_per_cycle"),
         memory_element_bytes=r.pos_int("memory_element_bytes"),
         non_interleaved_bytes_per_tile=r.pos_int("non_interleaved_bytes_per_tile"),
+        interleaved_element_bytes=r.pos_int("interleaved_element_bytes"),
         operand_align_bytes=r.pos_int("operand_align_bytes"),
         exchange_send_bytes_per_cycle_per_tile=r.pos_int("exchange_send_bytes_per_cycle_per_tile"),
         exchange_recv_bytes_per_cycle_per_tile=r.pos_int("exchange_recv_bytes_per_cycle_per_tile"),
@@ -325,6 +327,9 @@ def _check_consistency(chip: Chip, where: str) -> None:
         raise TremulaError(f"chip file {where}: field 'memory_element_bytes' must divide sram_bytes_per_tile")
     if chip.operand_align_bytes & (chip.operand_align_bytes - 1) or chip.operand_align_bytes % 8:
         raise TremulaError(f"chip file {where}: field 'operand_align_bytes' must be a power of two and at least 8")
+    if chip.interleaved_element_bytes % chip.memory_element_bytes:
+        raise TremulaError(f"chip file {where}: field 'interleaved_element_bytes' must be a multiple of "
+                           "memory_element_bytes")
     if chip.non_interleaved_bytes_per_tile > chip.sram_bytes_per_tile:
         raise TremulaError(f"chip file {where}: field 'non_interleaved_bytes_per_tile' exceeds sram_bytes_per_tile")
     for p in chip.amp:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from transfer_tables import make_table
 
 from tremula.chip import load_chip
+from tremula.plan.overheads import chunk_code_bytes, reserved_bytes
 from tremula.program import TransferTable
 from tremula.timing import chunk_segments, replay_order, schedule_exchange, verify_timetable
 from tremula.timing.timetable import stream_lower_bound, stream_rate
@@ -197,16 +199,62 @@ def test_replay_moves_exactly_the_bytes():
     assert np.array_equal(memory, expect)
 
 
-def test_exchange_code_bytes_counts_instructions():
-    t = table([0, 0, 9], [64, 256, 32], [[1], [2, 3], [1]], rows=[1, 4, 1])
+def test_exchange_code_bytes_follow_the_encoding_model():
+    # Bow's [exchange_code] (ipu-stack-facts §1.2): send 8 B for up to 64 words, +4 B per further 4096 words;
+    # receive 8 B, pointer reset 4 B; phase entry and return 8 B per tile taking part.
+    t = table([0, 0, 9, 5], [64, 256, 32, 1024], [[1], [2, 3], [1], [6]], rows=[1, 4, 1, 1])
     tt = check(t, limit=1.0)
+    # Nothing is split; tile 1 hears tile 9 during [0, 8), then tile 0 during [64, 80).
+    chunks = sorted(zip(tt.transfer.tolist(), tt.offset.tolist(), tt.nbytes.tolist(), tt.start.tolist()))
+    assert chunks == [(0, 0, 64, 64), (1, 0, 256, 0), (2, 0, 32, 0), (3, 0, 1024, 0)]
     code = tt.exchange_code_bytes(BOW)
     assert code.shape == (BOW.tiles,)
-    assert code[0] > code[9] > 0 and code[1] > 0 and code[2] > 0 and code[50] == 0
-    # tile 0 sends one 1-row chunk and one 4-row strided chunk: 1 + (1 + 4) instructions; the destinations' rows
-    # are back to back, so each receiver needs one set-up per chunk
-    assert tt.send_instructions[0] == 6
-    assert tt.recv_instructions[2] == tt.recv_instructions[3] == 1
+    # tile 0: transfer 1's source rows are strided (96 B apart), so 4 sends of 16 words (4 x 8), + transfer 0's
+    # one send of 16 words (8) = 40; + phase 8 = 48.
+    assert (tt.send_code[0], code[0]) == (40, 48)
+    # tile 5: one send of 256 words = 64 + 192 more, one continuation: 8 + 4 = 12; + phase 8 = 20.
+    assert (tt.send_code[5], code[5]) == (12, 20)
+    # tile 9: 8 words, 8; + phase = 16.
+    assert code[9] == 16
+    # tile 1: receives at address 0 (32 B, ends at 32), then transfer 0 at address 0 again: not where the previous
+    # receive ended, so a pointer reset: 8 + (8 + 4) = 20; + phase = 28.
+    assert (tt.recv_code[1], code[1]) == (20, 28)
+    # tiles 2, 3, 6: one receive each into contiguous rows: 8; + phase = 16.
+    assert code[2] == code[3] == code[6] == 16
+    assert code.sum() == 48 + 20 + 16 + 28 + 3 * 16
+    # Transfer 0 landing at address 32 continues tile 1's previous receive: no reset.
+    tt2 = schedule_exchange(dataclasses.replace(t, d_addr=np.array([32, 0, 0, 0, 0])), BOW)
+    assert tt2.recv_code[1] == 16
+
+
+def test_split_chunks_pay_per_run_and_resume_their_receives():
+    # Transfer 0: 4 rows of 64 B from tile 0 (source rows 96 B apart) to tile 2 (rows 128 B apart, from 1000) and
+    # tile 3 (contiguous, from 0), cut at byte 100; transfer 1: 40 B into tile 3 at 500, between the two cuts.
+    t = dataclasses.replace(table([0, 4], [256, 40], [[2, 3], [3]], rows=[4, 1]),
+                            d_addr=np.array([1000, 0, 500]), d_stride=np.array([128, 64, 40]))
+    send, recv, phase = chunk_code_bytes(BOW.exchange_code, t, tr=[0, 1, 0], offset=[0, 0, 100],
+                                         nbytes=[100, 40, 156], start=[0, 10, 25], tiles=8)
+    # Sender: [0, 100) touches rows 0-1: runs of 64 and 36 B (2 sends); [100, 256) rows 1-3: 28, 64, 64 B (3 sends);
+    # all under 64 words: 5 x 8 = 40 on tile 0. Tile 4: one send of 40 B = 8.
+    assert send.tolist() == [40, 0, 0, 0, 8, 0, 0, 0]
+    # Tile 2 (strided): chunk 1 covers 1000..1064 and 1128..1164: 8 + 4 (a further row); chunk 2 starts at
+    # 1000 + 128 + 36 = 1164, where chunk 1 ended, so no reset, and touches 3 rows: 8 + 2 x 4. Total 28.
+    # Tile 3 (in time order): [0, 100) at 0..100: 8; transfer 1 at 500: 8 + 4; [100, 256) at 100, not where the
+    # previous receive (500..540) ended: 8 + 4. Total 32.
+    assert recv.tolist() == [0, 0, 28, 32, 0, 0, 0, 0]
+    assert phase.tolist() == [8, 0, 8, 8, 8, 0, 0, 0]
+
+
+def test_unsplit_timetable_costs_what_the_plan_reserves():
+    # One chunk per transfer, each tile's receives in address order: the timetable's code is the memory plan's.
+    t = table([0, 0, 9, 5, 7], [64, 256, 32, 1024, 4000], [[1], [2, 3], [1], [6, 7], [2]], rows=[1, 4, 1, 1, 5])
+    t = dataclasses.replace(t, d_addr=np.array([32, 0, 0, 0, 0, 0, 256]))
+    tt = check(t, limit=1.0)
+    # (tile 1 hears 9 at 0..32 before 0 at 32..96; tile 2 takes transfer 1 at 0..256 and 4 at 256.. both from cycle
+    # 0, through two ports of its bus pair, in chunk order)
+    assert sorted(tt.transfer.tolist()) == list(range(len(t)))
+    step = SimpleNamespace(compute=[], exchange=t)
+    assert np.array_equal(tt.exchange_code_bytes(BOW), reserved_bytes(BOW.tiles, [step], BOW)["exchange_code"])
 
 
 @pytest.mark.parametrize("model", ["bert-tiny", "vit-tiny", "gpt2-tiny"])

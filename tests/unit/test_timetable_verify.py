@@ -30,8 +30,7 @@ def valid():
         [4, 400, 400, 100, 200],
     ])
     tt = Timetable(*[chunks[:, k].copy() for k in range(5)], d_port=np.array([2, 4, 2, 10, 10, 14], np.int32),
-                   makespan=200 + FIXED, lower_bound=200 + FIXED, fixed_cycles=FIXED,
-                   send_instructions=np.zeros(16, np.int64), recv_instructions=np.zeros(16, np.int64))
+                   makespan=200 + FIXED, lower_bound=200 + FIXED, fixed_cycles=FIXED)
     return t, tt
 
 
@@ -95,8 +94,7 @@ def test_same_port_heard_twice_across_the_pair():
     # Transfer 3 takes tiles 10+11 through 10's port; a unicast into 10 at the same time collides on that port.
     t = make_table([8, 9], [400, 400], [[10, 11], [10]])
     tt = Timetable(np.array([0, 1]), np.array([0, 0]), np.array([400, 400]), np.array([0, 50]),
-                   np.array([100, 150]), np.array([10, 10, 10], np.int32), 150 + FIXED, 0, FIXED,
-                   np.zeros(16, np.int64), np.zeros(16, np.int64))
+                   np.array([100, 150]), np.array([10, 10, 10], np.int32), 150 + FIXED, 0, FIXED)
     with pytest.raises(TimetableError, match="receiver listening to two senders: tile 10"):
         verify_timetable(t, tt, CHIP)
     # Through 11's port instead, both fit at once.

@@ -10,6 +10,7 @@ from tremula.codelets import codelet
 from tremula.plan import cost_terms
 from tremula.plan.exchange import SymTransfers
 from tremula.plan.layout import blocks
+from tremula.plan.elements import apart_pairs
 from tremula.plan.memory import MemoryPlan, plan_memory
 from tremula.plan.overheads import reserved_bytes
 from tremula.errors import TremulaError
@@ -66,12 +67,13 @@ def memory_plan(state: LoweringState, chip) -> tuple[MemoryPlan, Liveness, dict[
     if sharing is not None and not sharing.shared_layers:
         sharing = None
     is_w = np.array([b.category == "weights" for b in state.bufs], bool)
+    apart = apart_pairs(state.steps)
     while True:
         reserved = reserved_bytes(state.T, state.steps, chip, sharing, is_w)
         mp = plan_memory([b.category for b in state.bufs], [b.tiles for b in state.bufs],
                          [b.sizes for b in state.bufs], live.first, live.last, state.T, reserved,
                          chip.sram_bytes_per_tile, sharing.runs if sharing is not None else (),
-                         chip.operand_align_bytes, chip.non_interleaved_bytes_per_tile)
+                         chip.operand_align_bytes, chip.non_interleaved_bytes_per_tile, apart, chip)
         if sharing is None or not check_weight_strides(sharing, mp):
             break
         sharing = None  # weights not at one distance per tile: the layers cannot share exchange code; plan without

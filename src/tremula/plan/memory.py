@@ -11,6 +11,11 @@ Layers that share code (plan/share.py) need each class of corresponding buffers 
 first-fit in folded time (half-steps modulo the run's period, from the template layer's start): two classes that are
 live at the same moment of any layer then never share bytes. The run's classes together form one region, placed among
 the other buffers as a single buffer live from the first to the last moment any of them is.
+
+A matmul's left operand and output must not share a memory element (plan/elements.py). Given the pairs, the first fit
+moves a buffer up past its partner's last element on every tile where they meet (exact: each tile's own weight end
+fixes where its elements fall). Inside one run the region's base is not yet known when its classes are folded, so
+partner classes are kept a whole (interleaved) element apart, which separates them wherever the region lands.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from tremula.plan.elements import element_end, share_element
 
 ALIGN = 8  # 64-bit loads/stores need 8-byte aligned operands (ref §2: 64-bit data path); a chip may ask more
 INSTRUCTION_CATEGORIES = ("code", "exchange_code")  # what must sit in the code region
@@ -64,20 +71,25 @@ class MemoryPlan:
         return out
 
 
-def lowest_gap(spans, size: int) -> int:
-    """The lowest offset where `size` bytes fit between the sorted (offset, end, ...) spans already taken."""
-    pos = 0
+def lowest_gap(spans, size: int, start: int = 0) -> int:
+    """The lowest offset from `start` where `size` bytes fit between the sorted (offset, end, ...) spans taken."""
+    pos = start
     for off, end, *_ in spans:
+        if end <= pos:
+            continue
         if off - pos >= size:
             break
         pos = max(pos, end)
     return pos
 
 
-def first_fit(sizes: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
-    """Offsets such that two buffers whose [first, last] ranges intersect never share bytes."""
+def first_fit(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, bump=None) -> np.ndarray:
+    """Offsets such that two buffers whose [first, last] ranges intersect never share bytes. `bump(b, pos, offset,
+    placed)`, when given, returns the lowest offset at or above pos that b's placement rules (memory elements) allow
+    against the buffers already placed; the search goes on from there."""
     n = len(sizes)
     offset = np.zeros(n, np.int64)
+    placed = np.zeros(n, bool)
     order = np.lexsort((-sizes, first))
     active: list[tuple[int, int, int]] = []  # (offset, end, last) of allocated, possibly expired, buffers
     for b in order.tolist():
@@ -85,13 +97,18 @@ def first_fit(sizes: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndar
         active = [a for a in active if a[2] >= f]
         active.sort()
         size = int(sizes[b])
-        offset[b] = pos = lowest_gap(active, size)
+        pos = lowest_gap(active, size)
+        while bump is not None and (nxt := bump(b, pos, offset, placed)) > pos:
+            pos = lowest_gap(active, size, nxt)
+        offset[b] = pos
+        placed[b] = True
         active.append((pos, pos + size, int(last[b])))
     return offset
 
 
-def fold_fit(sizes: np.ndarray, occ: np.ndarray) -> np.ndarray:
-    """Offsets such that two classes whose folded occupancies occ[c] ([period] bool) intersect never share bytes."""
+def fold_fit(sizes: np.ndarray, occ: np.ndarray, apart: np.ndarray | None = None, gap: int = 0) -> np.ndarray:
+    """Offsets such that two classes whose folded occupancies occ[c] ([period] bool) intersect never share bytes,
+    and classes marked apart[c, d] keep `gap` bytes between them."""
     n = len(sizes)
     offset = np.zeros(n, np.int64)
     start = np.where(occ.any(axis=1), occ.argmax(axis=1), 0)
@@ -99,14 +116,24 @@ def fold_fit(sizes: np.ndarray, occ: np.ndarray) -> np.ndarray:
     for c in np.lexsort((-sizes, start)).tolist():
         p = np.array(placed, np.int64)
         p = p[(occ[p] & occ[c]).any(axis=1)]  # placed classes live at some same folded moment
-        offset[c] = lowest_gap(sorted(zip(offset[p].tolist(), (offset[p] + sizes[p]).tolist())), int(sizes[c]))
+        g = gap * apart[c, p] if apart is not None else np.zeros(len(p), np.int64)
+        offset[c] = lowest_gap(sorted(zip((offset[p] - g).tolist(), (offset[p] + sizes[p] + g).tolist())),
+                               int(sizes[c]))
         placed.append(c)
     return offset
 
 
-def _fold_run(run, maxsize: np.ndarray, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, int]:
-    """Offset of each member of a run's classes inside the run's region, and the region's size."""
+def _fold_run(run, maxsize: np.ndarray, first: np.ndarray, last: np.ndarray, partners: dict,
+              gap: int) -> tuple[np.ndarray, int]:
+    """Offset of each member of a run's classes inside the run's region, and the region's size (classes holding a
+    matmul's left operand and output `gap` apart)."""
     n_cls = int(run.cls.max()) + 1
+    cls_of = dict(zip(run.members.tolist(), run.cls.tolist()))
+    apart = np.zeros((n_cls, n_cls), np.int64)
+    for b, c in cls_of.items():
+        for p, _ in partners.get(b, ()):
+            if p in cls_of:
+                apart[c, cls_of[p]] = apart[cls_of[p], c] = 1
     sizes = np.zeros(n_cls, np.int64)
     np.maximum.at(sizes, run.cls, maxsize[run.members])
     occ = np.zeros((n_cls, run.period), bool)
@@ -116,14 +143,22 @@ def _fold_run(run, maxsize: np.ndarray, first: np.ndarray, last: np.ndarray) -> 
             occ[c] = True
         else:
             occ[c, (np.arange(f, last_ + 1) - run.start) % run.period] = True
-    off = fold_fit(sizes, occ)
+    off = fold_fit(sizes, occ, apart, gap)
     return off[run.cls], int((off + sizes).max())
 
 
 def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.ndarray], first: np.ndarray,
                 last: np.ndarray, n_tiles: int, reserved: dict[str, np.ndarray], sram: int,
-                runs=(), alignment: int = ALIGN, code_region: int | None = None) -> MemoryPlan:
+                runs=(), alignment: int = ALIGN, code_region: int | None = None, apart=(),
+                elements=None) -> MemoryPlan:
+    """`apart`: (buffer, buffer, tiles) that must not share a memory element on those tiles, with `elements` (the
+    chip) giving the element geometry."""
     n = len(cats)
+    partners: dict[int, list[tuple[int, np.ndarray]]] = {}
+    if elements is not None:
+        for a, b, t in apart:
+            partners.setdefault(int(a), []).append((int(b), t))
+            partners.setdefault(int(b), []).append((int(a), t))
     is_w = np.array([c == "weights" for c in cats], bool)
     # Weights: always live, packed per tile in placement order.
     w_idx = np.flatnonzero(is_w)
@@ -141,16 +176,49 @@ def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.n
     offset = np.zeros(n, np.int64)
     in_run = np.zeros(n, bool)
     folded, regions = [], []
+    gap = elements.interleaved_element_bytes if elements is not None else 0
     for run in runs:
         in_run[run.members] = True
-        off, size = _fold_run(run, maxsize, first, last)
+        off, size = _fold_run(run, maxsize, first, last, partners, gap)
         folded.append(off)
         regions.append((size, int(first[run.members].min()), int(last[run.members].max())))
     a_idx = np.flatnonzero(~is_w & ~in_run)
     r_size, r_first, r_last = ((np.array(v, np.int64) for v in zip(*regions)) if regions
                                else (np.zeros(0, np.int64),) * 3)
+    # Each first-fit item (a buffer, or a run's region) and where each of its buffers sits inside it.
+    item_of = np.full(n, -1, np.int64)
+    rel_of = np.zeros(n, np.int64)
+    item_of[a_idx] = np.arange(len(a_idx))
+    for r, (run, member_off) in enumerate(zip(runs, folded)):
+        item_of[run.members] = len(a_idx) + r
+        rel_of[run.members] = member_off
+    members = [[int(b)] for b in a_idx] + [run.members.tolist() for run in runs]
+    bump = None
+    if partners:
+        def bump(i: int, pos: int, offset: np.ndarray, placed: np.ndarray) -> int:
+            """Lowest offset >= pos at which item i's buffers share no element with their placed partners."""
+            nxt = pos
+            for m in members[i]:
+                for p, tiles in partners.get(m, ()):
+                    if item_of[p] == i:  # the same run: its fold already keeps them apart
+                        continue
+                    if is_w[p]:
+                        lo_p = weight_addr[weight_row[p], tiles]
+                        tiles, lo_p = tiles[lo_p >= 0], lo_p[lo_p >= 0]
+                    elif placed[item_of[p]]:
+                        lo_p = act_base[tiles] + offset[item_of[p]] + rel_of[p]
+                    else:
+                        continue
+                    if not (maxsize[m] and maxsize[p] and len(tiles)):
+                        continue
+                    lo_m = act_base[tiles] + pos + rel_of[m]
+                    bad = share_element(lo_m, lo_m + maxsize[m], lo_p, lo_p + maxsize[p], elements)
+                    if bad.any():  # above the partner's last element on each tile where they meet
+                        need = element_end(lo_p[bad] + maxsize[p] - 1, elements) - act_base[tiles[bad]] - rel_of[m]
+                        nxt = max(nxt, int(align(int(need.max()), alignment)))
+            return nxt
     off = first_fit(np.concatenate([maxsize[a_idx], r_size]), np.concatenate([first[a_idx], r_first]),
-                    np.concatenate([last[a_idx], r_last]))
+                    np.concatenate([last[a_idx], r_last]), bump)
     offset[a_idx] = off[: len(a_idx)]
     for run, base, member_off in zip(runs, off[len(a_idx):].tolist(), folded):
         offset[run.members] = base + member_off

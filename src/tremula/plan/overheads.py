@@ -50,39 +50,98 @@ def strided(rows, row_bytes, stride) -> np.ndarray:
 
 
 def side_instructions(rows, row_bytes, stride) -> np.ndarray:
-    """Instructions one side of a transfer runs, as the timetables count them (timing/timetable.py): one set-up plus
-    one per row when its rows are not back to back in its memory (a strided side re-points per row)."""
+    """Instructions one side of a transfer runs in the planner's up-front estimate (strategies.permanent_bytes): one
+    set-up plus one per row when its rows are not back to back in its memory (a strided side re-points per row)."""
     return 1 + np.where(strided(rows, row_bytes, stride), np.asarray(rows, np.int64), 0)
 
 
+# The encoding model of ipu-stack-facts §1.2 (constants in the chip file's [exchange_code] table). The memory plan
+# prices whole transfers with it (_send_bytes, _receive_bytes), the timetables the chunks they run (chunk_code_bytes).
+
+
+def _run_bytes(enc, nbytes) -> np.ndarray:
+    """One send of a contiguous run of nbytes: send_bytes carrying its first send_words words, plus continue_bytes per
+    further continue_words words (send's and sendoff's count fields, ipu-stack-facts §1.1)."""
+    words = -(-np.asarray(nbytes, np.int64) // 4)
+    return enc.send_bytes + enc.continue_bytes * (-(-np.maximum(words - enc.send_words, 0) // enc.continue_words))
+
+
+def send_code_bytes(enc, row_bytes, stride, offset, nbytes) -> np.ndarray:
+    """Sender code for bytes [offset, offset + nbytes) of a rows x row_bytes pattern (in row order) whose source rows
+    lie `stride` bytes apart: one send per contiguous run - the whole range, or where the rows it touches are strided,
+    each row segment (first partial row, full middle rows, last partial row), as the exchange has no constant-stride
+    mode (ipu-stack-facts §1.1). A multicast is sent once."""
+    rb = np.maximum(np.asarray(row_bytes, np.int64), 1)
+    a = np.asarray(offset, np.int64)
+    b = a + np.asarray(nbytes, np.int64)
+    r0, r1 = a // rb, (b - 1) // rb
+    rows = r1 - r0 + 1
+    per_row = _run_bytes(enc, (r0 + 1) * rb - a) + np.maximum(rows - 2, 0) * _run_bytes(enc, rb) + _run_bytes(
+        enc, b - r1 * rb)
+    return np.where(strided(rows, rb, stride), per_row, _run_bytes(enc, b - a))
+
+
 def _send_bytes(enc, rows, row_bytes, stride) -> np.ndarray:
-    """A transfer's sender code: one send per contiguous run of its source (the whole payload, or each row of a
-    strided source: the exchange has no constant-stride mode, ipu-stack-facts §1.1), each send carrying send_words
-    words and one continuation per further continue_words words. A multicast is sent once."""
-    rows, row_bytes = np.asarray(rows, np.int64), np.asarray(row_bytes, np.int64)
-    per_row = strided(rows, row_bytes, stride)
-    runs = np.where(per_row, rows, 1)
-    words = -(-np.where(per_row, row_bytes, rows * row_bytes) // 4)
-    more = -(-np.maximum(words - enc.send_words, 0) // enc.continue_words)
-    return runs * (enc.send_bytes + enc.continue_bytes * more)
+    """A transfer's sender code: send_code_bytes of its whole payload."""
+    return send_code_bytes(enc, row_bytes, stride, 0, np.asarray(rows, np.int64) * np.asarray(row_bytes, np.int64))
+
+
+def _receives_in_order(enc, tile, buf, start, end, further_rows) -> np.ndarray:
+    """Receiver code of receives listed in the order their tiles take them (each tile's together): one receive each,
+    a pointer reset per further row of a strided destination (`further_rows`: no constant-stride mode), and one more
+    when a receive does not start where its tile's previous receive ended (`end` -1: ends nowhere); a tile's first
+    receive sets its pointer with the receive itself."""
+    out = enc.receive_bytes + enc.pointer_reset_bytes * np.asarray(further_rows, np.int64)
+    reset = np.zeros(len(tile), bool)
+    reset[1:] = (tile[1:] == tile[:-1]) & ~((buf[1:] == buf[:-1]) & (start[1:] == end[:-1]))
+    return out + enc.pointer_reset_bytes * reset
 
 
 def _receive_bytes(enc, d_tile, d_buf, d_rel, nbytes, rows, row_bytes, stride) -> np.ndarray:
-    """Each destination entry's receiver code: one receive, one pointer reset per further row of a strided
-    destination, and one more when the entry does not start where another receive on its tile ends (receives are
-    taken in address order; a tile's first receive sets its pointer with the receive itself)."""
+    """Each destination entry's receiver code (_receives_in_order), its tile's receives taken in address order; the
+    plan judges contiguity only between unstrided entries (a strided one ends nowhere)."""
     d_tile, d_buf, d_rel = (np.asarray(x, np.int64) for x in (d_tile, d_buf, d_rel))
     rows = np.asarray(rows, np.int64)
     per_row = strided(rows, row_bytes, stride)
-    out = enc.receive_bytes + enc.pointer_reset_bytes * np.where(per_row, rows - 1, 0)
-    if len(d_tile) > 1:
-        order = np.lexsort((d_rel, d_buf, d_tile))
-        t, b, r = d_tile[order], d_buf[order], d_rel[order]
-        end = np.where(per_row[order], -1, r + np.asarray(nbytes, np.int64)[order])  # a strided entry ends nowhere
-        reset = np.zeros(len(order), bool)
-        reset[1:] = (t[1:] == t[:-1]) & ~((b[1:] == b[:-1]) & (r[1:] == end[:-1]))
-        out[order] += enc.pointer_reset_bytes * reset
+    end = np.where(per_row, -1, d_rel + np.asarray(nbytes, np.int64))
+    o = np.lexsort((d_rel, d_buf, d_tile))
+    out = np.empty(len(d_tile), np.int64)
+    out[o] = _receives_in_order(enc, d_tile[o], d_buf[o], d_rel[o], end[o], np.where(per_row, rows - 1, 0)[o])
     return out
+
+
+def chunk_code_bytes(enc, t, tr, offset, nbytes, start, tiles: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(send, receive, phase) exchange code bytes per tile of a timetable's chunks: chunk k moves bytes [offset[k],
+    offset[k] + nbytes[k]) of transfer tr[k] of TransferTable `t` (its rows x row_bytes pattern in row order) from
+    cycle start[k]. The memory plan's model applied to what each chunk touches: its sender sends each contiguous run
+    of it (send_code_bytes); every destination entry receives it, a tile's receives taken in time order (by start
+    cycle, ties in chunk order) with their exact addresses; every tile that sends or receives runs a phase entry and
+    return. A timetable that moves each transfer whole, its receives in address order, costs what reserved_bytes
+    reserves for that step."""
+    tr, offset, nbytes = (np.asarray(x, np.int64) for x in (tr, offset, nbytes))
+    rb = np.asarray(t.row_bytes, np.int64)[tr]
+    src = np.asarray(t.src_tile, np.int64)[tr]
+    send = np.bincount(src, weights=send_code_bytes(enc, rb, np.asarray(t.src_stride, np.int64)[tr], offset, nbytes),
+                       minlength=tiles).astype(np.int64)
+    # One receive per (chunk, destination entry), chunks in time order.
+    k = np.argsort(np.asarray(start, np.int64), kind="stable")
+    dst_start = np.asarray(t.dst_start, np.int64)
+    lo, cnt = dst_start[tr[k]], np.diff(dst_start)[tr[k]]
+    c = np.repeat(k, cnt)
+    j = np.repeat(lo, cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    d_tile, d_addr, d_stride = (np.asarray(x, np.int64)[j] for x in (t.d_tile, t.d_addr, t.d_stride))
+    first, last, rbc = offset[c], offset[c] + nbytes[c] - 1, rb[c]
+    at = d_addr + (first // rbc) * d_stride + first % rbc
+    end = d_addr + (last // rbc) * d_stride + last % rbc + 1
+    rows = last // rbc - first // rbc + 1
+    further = np.where(strided(rows, rbc, d_stride), rows - 1, 0)
+    o = np.argsort(d_tile, kind="stable")  # each tile's receives together, still in time order
+    per = _receives_in_order(enc, d_tile[o], np.zeros(len(o), np.int64), at[o], end[o], further[o])
+    recv = np.bincount(d_tile[o], weights=per, minlength=tiles).astype(np.int64)
+    taking_part = np.zeros(tiles, bool)
+    taking_part[src] = True
+    taking_part[d_tile] = True
+    return send, recv, enc.phase_bytes_per_tile * taking_part.astype(np.int64)
 
 
 def _destinations(t) -> tuple[np.ndarray, ...]:

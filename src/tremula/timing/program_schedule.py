@@ -19,7 +19,8 @@ class StepExchange:
     label: str
     makespan: int  # cycles of the scheduled timetable, fixed cost included
     lower_bound: int  # busiest port's bytes / bandwidth + fixed cost
-    # Exchange code bytes per tile of this step's timetable (Timetable.exchange_code_bytes); None when not kept.
+    # Exchange code bytes per tile of this step's timetable: its chunks priced by the chip's encoding model, as the
+    # memory plan prices whole transfers (Timetable.exchange_code_bytes); None when not kept.
     code_bytes: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -42,6 +42,10 @@ Scheduling (documented trade-off: fast and near the lower bound on the patterns 
 The chip's fixed exchange cost is added once: chunk times are from the start of the data movement, `makespan` =
 exchange_fixed_cycles + the last chunk's end (0 when nothing moves, as cost.exchange_cycles).
 
+Exchange code: the chunks are priced by the encoding model the memory plan reserves with (chip file [exchange_code],
+ipu-stack-facts §1.2; plan/overheads.chunk_code_bytes), so splitting a transfer or receiving out of address order
+shows up as the code it costs (Timetable.exchange_code_bytes).
+
 Repeated layers: a step's flows are computed once per traffic pattern up to tile names (patterns.py) and its
 timetable once per pattern and order of placement; the result is the same as scheduling every step afresh.
 """
@@ -56,7 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tremula.chip import Chip
-from tremula.plan.overheads import side_instructions
+from tremula.plan.overheads import chunk_code_bytes
 from tremula.program import TransferTable
 from tremula.timing.konig import KONIG_MAX_FLOWS, konig_schedule, receiver_classes
 from tremula.timing.patterns import canonical_pattern
@@ -72,6 +76,10 @@ class Timetable:
 
     d_port[j] (aligned with the table's d_tile) is the tile whose receive port takes destination j's bytes: d_tile[j]
     itself, or a bus-group neighbour that is also a destination of the same transfer.
+
+    send_code, recv_code and phase_code are the exchange code the chunks need per tile, priced when scheduled by the
+    chip's encoding model (plan/overheads.chunk_code_bytes); None while not priced (the cached timetables of renamed
+    tables: each step's code is counted from its own table).
     """
 
     transfer: np.ndarray  # int64 [chunks]
@@ -83,8 +91,9 @@ class Timetable:
     makespan: int  # cycles including the fixed exchange cost
     lower_bound: int  # fixed cost + the busiest port's cycles (see stream_lower_bound)
     fixed_cycles: int
-    send_instructions: np.ndarray  # int64 [tiles]
-    recv_instructions: np.ndarray  # int64 [tiles]
+    send_code: np.ndarray | None = None  # int64 [tiles] bytes of the senders' code
+    recv_code: np.ndarray | None = None  # int64 [tiles] bytes of the receivers' code
+    phase_code: np.ndarray | None = None  # int64 [tiles] phase entry and return on each tile taking part
 
     def __len__(self) -> int:
         return len(self.transfer)
@@ -95,15 +104,14 @@ class Timetable:
         return self.makespan / self.lower_bound if self.lower_bound else 1.0
 
     def exchange_code_bytes(self, chip: Chip) -> np.ndarray:
-        """Bytes of exchange code per tile: (send + receive instructions) x bytes per instruction.
-
-        Instruction counts (an estimate [I], no public source gives exchange code sizes): per chunk, each side runs
-        one set-up instruction (the sender's address; a destination's mux select and pointer) plus one per row of
-        the 2-D pattern the chunk touches where that side's rows are not back to back (plan/overheads.py,
-        side_instructions). Bytes per instruction: the chip's `exchange_instruction_bytes`.
-        """
-        per = chip.exchange_instruction_bytes
-        return (self.send_instructions + self.recv_instructions) * per
+        """Bytes of exchange code per tile, by the encoding model the memory plan reserves with (chip file
+        [exchange_code], ipu-stack-facts §1.2) applied to the chunks this timetable runs: per chunk, a send per
+        contiguous run of its source (with continuations past send_words words) and a receive per destination (a
+        pointer reset per further row of a strided destination and when it does not continue its tile's previous
+        receive in time), plus a phase entry and return on every tile taking part (plan/overheads.chunk_code_bytes).
+        `chip` must be the chip the timetable was scheduled for: its table priced the code then."""
+        del chip  # priced at scheduling time; kept in the signature for the callers
+        return self.send_code + self.recv_code + self.phase_code
 
 
 def stream_rate(chip: Chip) -> int:
@@ -277,12 +285,10 @@ def schedule_exchange(table: TransferTable, chip: Chip, min_piece_cycles: int = 
     else:
         order = _order(fl, chip.tiles, pat.send_name, pat.recv_name)
         key = (pat.key, hashlib.blake2b(order.tobytes(), digest_size=20).digest())
-        canon = _lru(_CACHE, key, _CACHE_SIZE, lambda: _timetable(pat.table, fl, order, chip, min_piece_cycles))
-    send_i, recv_i = _instruction_counts(table, canon.transfer, canon.offset, canon.nbytes, chip.tiles)
+        canon = _lru(_CACHE, key, _CACHE_SIZE, lambda: _timetable(fl, order, chip, min_piece_cycles))
     return dataclasses.replace(canon, transfer=canon.transfer.copy(), offset=canon.offset.copy(),
                                nbytes=canon.nbytes.copy(), start=canon.start.copy(), end=canon.end.copy(),
-                               d_port=pat.recv_name[canon.d_port].astype(np.int32), send_instructions=send_i,
-                               recv_instructions=recv_i)
+                               d_port=pat.recv_name[canon.d_port].astype(np.int32), **_code(table, canon, chip))
 
 
 def clear_cache() -> None:
@@ -294,9 +300,9 @@ def clear_cache() -> None:
 def _schedule(table: TransferTable, chip: Chip, min_piece_cycles: int) -> Timetable:
     """schedule_exchange without the caches and the renaming: the reference it must equal."""
     fl = _step_flows(table, chip)
-    if fl is None:
-        return _empty_timetable(table, chip)
-    return _timetable(table, fl, _order(fl, chip.tiles), chip, min_piece_cycles)
+    tt = _empty_timetable(table, chip) if fl is None else _timetable(fl, _order(fl, chip.tiles), chip,
+                                                                      min_piece_cycles)
+    return dataclasses.replace(tt, **_code(table, tt, chip))
 
 
 @dataclass
@@ -319,8 +325,7 @@ class _Flows:
 
 def _empty_timetable(table: TransferTable, chip: Chip) -> Timetable:
     zeros = np.zeros(0, I64)
-    return Timetable(zeros, zeros, zeros, zeros, zeros, assign_ports(table, chip), 0, 0, chip.exchange_fixed_cycles,
-                     np.zeros(chip.tiles, I64), np.zeros(chip.tiles, I64))
+    return Timetable(zeros, zeros, zeros, zeros, zeros, assign_ports(table, chip), 0, 0, chip.exchange_fixed_cycles)
 
 
 def _step_flows(table: TransferTable, chip: Chip) -> _Flows | None:
@@ -375,8 +380,9 @@ def _order(fl: _Flows, T: int, send_name: np.ndarray | None = None,
     return np.lexsort((np.arange(len(src)), src, ring, -fl.flow_dur, -fl.crit, -fl.n_ports))
 
 
-def _timetable(table: TransferTable, fl: _Flows, order: np.ndarray, chip: Chip, min_piece_cycles: int) -> Timetable:
-    """Place the flows in `order`, try König where it applies and keep the shorter, cut the pieces into chunks."""
+def _timetable(fl: _Flows, order: np.ndarray, chip: Chip, min_piece_cycles: int) -> Timetable:
+    """Place the flows in `order`, try König where it applies and keep the shorter, cut the pieces into chunks. The
+    exchange code is left out: callers count it from the step's own table (_code)."""
     T = chip.tiles
     pieces = greedy_pieces(fl.flow_res, fl.flow_dur, order, 2 * T, min_piece_cycles)
     # Where the receive sides of the flows never partly overlap (unicast, or broadcasts to disjoint tile sets), the
@@ -390,10 +396,8 @@ def _timetable(table: TransferTable, fl: _Flows, order: np.ndarray, chip: Chip, 
             pieces = exact
 
     tr_c, off_c, nb_c, st_c, en_c = _pieces_to_chunks(*pieces, fl.flow_id, fl.cyc, fl.nb, stream_rate(chip))
-    send_i, recv_i = _instruction_counts(table, tr_c, off_c, nb_c, T)
     fixed = chip.exchange_fixed_cycles
-    return Timetable(tr_c, off_c, nb_c, st_c, en_c, fl.d_port, fixed + int(en_c.max()), fixed + lb, fixed, send_i,
-                     recv_i)
+    return Timetable(tr_c, off_c, nb_c, st_c, en_c, fl.d_port, fixed + int(en_c.max()), fixed + lb, fixed)
 
 
 def _flows(src: np.ndarray, nb: np.ndarray, upt: np.ndarray, bounds: np.ndarray, T: int) -> tuple[np.ndarray,
@@ -479,24 +483,9 @@ def _pieces_to_chunks(p_flow, p_a, p_b, p_f0, flow_id, cyc, nb, rate):
     return tr[srt], off[srt], (end_b - off)[srt], start[srt], end[srt]
 
 
-def _instruction_counts(table: TransferTable, tr, off, nbytes, T: int) -> tuple[np.ndarray, np.ndarray]:
-    """Send / receive instruction estimate per tile (see Timetable.exchange_code_bytes): per chunk and side, the
-    memory plan's rule (plan/overheads.side_instructions) applied to the rows the chunk touches."""
-    if len(tr) == 0:
-        return np.zeros(T, I64), np.zeros(T, I64)
-    rb = np.asarray(table.row_bytes, I64)[tr]
-    rows = (off + nbytes - 1) // rb - off // rb + 1
-    send = np.bincount(np.asarray(table.src_tile, I64)[tr],
-                       weights=side_instructions(rows, rb, np.asarray(table.src_stride, I64)[tr]),
-                       minlength=T).astype(I64)
-    # Per transfer: its chunks (one set-up each) and the rows of its multi-row chunks (one more each where a
-    # destination's rows are strided).
-    n = len(table)
-    chunks = np.bincount(tr, minlength=n)
-    multi_rows = np.bincount(tr, weights=np.where(rows > 1, rows, 0), minlength=n).astype(I64)
-    ndst = np.diff(np.asarray(table.dst_start, I64))
-    d_tr = np.repeat(np.arange(n), ndst)
-    strided = np.asarray(table.d_stride, I64) != np.asarray(table.row_bytes, I64)[d_tr]
-    per_dest = chunks[d_tr] + np.where(strided, multi_rows[d_tr], 0)
-    recv = np.bincount(np.asarray(table.d_tile, I64), weights=per_dest, minlength=T).astype(I64)
-    return send, recv
+def _code(table: TransferTable, tt: Timetable, chip: Chip) -> dict[str, np.ndarray]:
+    """Timetable fields send_code, recv_code, phase_code: tt's chunks priced on `table`, the step's own (a cached
+    timetable's chunks are the same, but its renamed table's tiles and rows are not the step's)."""
+    send, recv, phase = chunk_code_bytes(chip.exchange_code, table, tt.transfer, tt.offset, tt.nbytes, tt.start,
+                                         chip.tiles)
+    return {"send_code": send, "recv_code": recv, "phase_code": phase}

@@ -6,8 +6,6 @@ Operands are stacks of vertices ([n, rows, cols]); the op id is a uniform param,
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from tremula.codelets import first, register
@@ -49,64 +47,11 @@ def _table(op: int, x_dtype: np.dtype, out_dtype: np.dtype) -> np.ndarray:
     return _TABLES[key]
 
 
-# erf by cubic Hermite interpolation on a 2**-10 grid of [0, 6]: |error| <= h**4 / 384 * max |4th derivative of erf|
-# (about 1e-14) plus rounding; ERF_ERROR bounds it generously. Used only to decide float32 results the bound makes
-# certain.
-_ERF_STEP = 2.0**-10
-_ERF_NODES = np.arange(6 * 1024 + 2) * _ERF_STEP
-_ERF_F = np.array([math.erf(z) for z in _ERF_NODES])
-_ERF_D = 2 / math.sqrt(math.pi) * np.exp(-(_ERF_NODES**2)) * _ERF_STEP
-_ERF_LIMIT = 6.0
-ERF_ERROR = 4e-14
-
-
-def _erf_interp(z: np.ndarray) -> np.ndarray:
-    """erf(z) within ERF_ERROR for |z| < 6 (float64)."""
-    u = np.abs(z) / _ERF_STEP
-    i = np.minimum(u.astype(np.int64), len(_ERF_NODES) - 2)
-    t = u - i
-    t2 = t * t
-    t3 = t2 * t
-    p = ((2 * t3 - 3 * t2 + 1) * _ERF_F[i] + (t3 - 2 * t2 + t) * _ERF_D[i] + (3 * t2 - 2 * t3) * _ERF_F[i + 1]
-         + (t3 - t2) * _ERF_D[i + 1])
-    return np.copysign(p, z)
-
-
-def _erf_f32(x: np.ndarray, gelu: bool) -> np.ndarray:
-    """_erf_block over cache-sized pieces of x (some thirty float64 passes each, so they should stay in cache)."""
-    flat = x.reshape(-1)
-    step = 1 << 14
-    return np.concatenate([_erf_block(flat[i: i + step], gelu) for i in range(0, len(flat), step)]).reshape(x.shape)
-
-
-def _erf_block(x: np.ndarray, gelu: bool) -> np.ndarray:
-    """The reference's float32 Erf or exact Gelu of float32 x, bit for bit, without calling math.erf per element.
-
-    The reference computes in float64 with math.erf and rounds to float32 once. Here erf is interpolated (within
-    ERF_ERROR), the same float64 formula follows, and a result whose distance to both float32 rounding boundaries
-    exceeds the error bound rounds to the same float32 as the reference's; the rare others (and |z| >= 6, inf, NaN)
-    go through the reference itself."""
-    x64 = x.astype(np.float64)
-    z = x64 / math.sqrt(2.0) if gelu else x64
-    with np.errstate(all="ignore"):
-        e = _erf_interp(np.where(np.abs(z) < _ERF_LIMIT, z, 0.0))
-        y = 0.5 * x64 * (1.0 + e) if gelu else e
-        tol = (0.5 * np.abs(x64) * (ERF_ERROR + 4.5e-16) if gelu else ERF_ERROR) + 4 * np.spacing(np.abs(y))
-        y32 = y.astype(np.float32)
-        lo = (y32.astype(np.float64) + np.nextafter(y32, np.float32(-np.inf))) * 0.5
-        hi = (y32.astype(np.float64) + np.nextafter(y32, np.float32(np.inf))) * 0.5
-        sure = (y - lo > tol) & (hi - y > tol) & (np.abs(z) < _ERF_LIMIT)
-    if not sure.all():
-        rest = ~sure
-        y32[rest] = _gelu(x[rest], "none") if gelu else _erf(x[rest])
-    return y32
-
-
 def _unary(ops, params) -> None:
     x, out = ops
     op = first(params, 0)
-    if x.dtype == np.float32 and op in (UNARY_IDS["Gelu"], UNARY_IDS["Erf"]):
-        out[...] = _erf_f32(x, op == UNARY_IDS["Gelu"]).astype(out.dtype, copy=False)
+    if op in (UNARY_IDS["Gelu"], UNARY_IDS["Erf"]):  # fast and exact already (numerics/erf.py)
+        out[...] = np.asarray(_UNARY_FNS[op](x)).astype(out.dtype, copy=False)
         return
     if x.dtype == np.float16 and x.size > 1 << 16:
         # A half input has 65536 values: the op's result for each, computed once with the same formula, is looked up

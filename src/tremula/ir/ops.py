@@ -7,7 +7,6 @@ Attention and Patchify. Ops marked `host_only` (shape arithmetic) must be folded
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -15,6 +14,7 @@ import numpy as np
 
 from tremula.errors import TremulaError
 from tremula.ir.graph import TensorType
+from tremula.numerics.erf import erf, gelu
 
 Attrs = dict[str, Any]
 TypeRule = Callable[[list[TensorType], Attrs], list[TensorType]]
@@ -112,8 +112,8 @@ for _name, _fn in _COMPARE.items():
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
-    # math.erf is exact to float64; vectorised here because NumPy has no erf and SciPy is not a dependency.
-    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)
+    # float64 math.erf rounded to x's type (numerics/erf.py: fast, with the same bits)
+    return erf(x)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -283,12 +283,8 @@ _row("LayerNorm", _layernorm_type, _layernorm_ref, _per_output(8), (2, 3))  # no
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    if approximate == "tanh":
-        y = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
-    else:
-        y = 0.5 * x64 * (1.0 + _erf(x64 / math.sqrt(2.0)))
-    return y.astype(x.dtype)
+    # in float64, rounded to x's type once (numerics/erf.gelu_exact defines it; gelu returns its bits, fast)
+    return gelu(x, approximate)
 
 
 _row("Gelu", _same, lambda xs, a: [_gelu(xs[0], a.get("approximate", "none"))], _per_output(8), (1, 1))

@@ -243,8 +243,8 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
         ("  by category", ", ".join(f"{k} {human_bytes(v)}" for k, v in mem.items() if v)
          # The peak is the highest byte in use: below it lie bytes no live buffer holds (padding, fragmentation, and
          # matmul operands kept in separate memory elements, plan/elements.py).
-         + (f"; free below the high-water mark {human_bytes(gap)}" if (gap := res.peak_tile_bytes - sum(mem.values())) > 0
-            else "")),
+         + (f"; free below the high-water mark {human_bytes(gap)}"
+            if (gap := res.peak_tile_bytes - sum(mem.values())) > 0 else "")),
         ("steps", str(res.steps) + (f" ({res.shared_layers} layers run a template layer's code)"
                                     if res.shared_layers else "")),
         ("cycles / forward", f"{res.cycles:,} (compute {res.compute_cycles:,}, exchange {res.exchange_cycles:,}, "

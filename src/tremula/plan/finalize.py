@@ -169,8 +169,8 @@ def _check_reserved(program: Program, chip, reserved: dict[str, np.ndarray]) -> 
         over = np.flatnonzero(have > reserved[cat])
         if len(over):
             t = int(over[0])
-            raise TremulaError(f"internal: the Program holds {int(have[t]):,} B of {cat.replace('_', ' ')} on tile {t}, "
-                               f"the memory plan reserved {int(reserved[cat][t]):,} B; plan rejected")
+            raise TremulaError(f"internal: the Program holds {int(have[t]):,} B of {cat.replace('_', ' ')} on tile "
+                               f"{t}, the memory plan reserved {int(reserved[cat][t]):,} B; plan rejected")
 
 
 def _calls(state: LoweringState, sharing, steps: list[Step]) -> list[Step]:

@@ -6,7 +6,9 @@ time is one `simulate` call in check mode (weights loaded into tile memory, inpu
 back), as `check` runs it; onnxruntime's is the best of three runs after a warm-up. Neither side counts compiling,
 building the session or generating the zoo model's seeded weights (made once before timing). Times are CPU seconds
 of this process (both sides run on one thread), so other work on a shared machine does not skew the ratio; wall
-seconds of the simulator are printed beside them.
+seconds of the simulator are printed beside them. "exch MB" and "vx MB" are the bytes the Program's exchanges write
+and its vertices read and write in one forward: the simulator copies each of them at least once, so GB/s (their sum
+over simulator seconds) says how close it runs to that floor, and a plan that moves less simulates faster.
 
 Usage: python benchmarks/sim_speed.py [--models vit-base-patch16-224,bert-base-uncased] [--batches 1,8]
                                       [--dtypes fp32,fp16,fp8] [--chip c600]
@@ -49,6 +51,20 @@ def ort_seconds(graph, feeds: dict[str, np.ndarray], runs: int = 3) -> float:
     return best
 
 
+def bytes_moved(program) -> tuple[int, int]:
+    """(bytes the exchanges write, bytes the vertices read and write) in one forward: the copies the simulator must
+    make however fast its kernels are (it holds every tile's memory as bytes)."""
+    ex = comp = 0
+    for s in program.steps:
+        t = s.exchange
+        if len(t):
+            ex += int((t.rows * t.row_bytes * np.diff(t.dst_start)).sum())
+        for g in s.compute:
+            isz = np.array([np.dtype(d).itemsize for d in g.dtypes], np.int64)
+            comp += int((g.shapes[:, :, 0] * g.shapes[:, :, 1] * isz).sum())
+    return ex, comp
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="vit-base-patch16-224,bert-base-uncased")
@@ -57,8 +73,8 @@ def main() -> None:
     ap.add_argument("--chip", default="c600")
     args = ap.parse_args()
     chip = load_chip(args.chip)
-    print(f"{'model':24} {'batch':>5} {'dtype':>5} {'steps':>6} {'vertices':>9} {'sim s':>8} {'(wall)':>8} "
-          f"{'steps/s':>8} {'ort s':>7} {'sim/ort':>8}", flush=True)
+    print(f"{'model':24} {'batch':>5} {'dtype':>5} {'steps':>6} {'vertices':>9} {'exch MB':>8} {'vx MB':>7} "
+          f"{'sim s':>7} {'(wall)':>7} {'GB/s':>5} {'ort s':>6} {'sim/ort':>8}", flush=True)
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             feeds = make_feeds(canonical(load_model(model, batch)), 0)
@@ -71,8 +87,10 @@ def main() -> None:
                 wall, sim = time.perf_counter() - t0, time.process_time() - c0
                 ort_s = ort_seconds(res.graph, feeds)
                 steps = len(res.program.steps)
-                print(f"{model:24} {batch:5d} {dtype:>5} {steps:6d} {res.program.n_vertices():9,d} {sim:8.2f} "
-                      f"{wall:8.2f} {steps / sim:8.1f} {ort_s:7.3f} {sim / ort_s:7.1f}x", flush=True)
+                ex, vx = bytes_moved(res.program)
+                print(f"{model:24} {batch:5d} {dtype:>5} {steps:6d} {res.program.n_vertices():9,d} {ex / 1e6:8,.0f} "
+                      f"{vx / 1e6:7,.0f} {sim:7.2f} {wall:7.2f} {(ex + vx) / sim / 1e9:5.1f} {ort_s:6.3f} "
+                      f"{sim / ort_s:7.1f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from tremula import limits
 from tremula.cost import host_transfer_cycles
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.frontends.rebatch import FixedBatch
-from tremula.ir.graph import Constant, Graph, Node
+from tremula.ir.graph import Constant, DerivedInit, Graph, Node
 from tremula.ir.interp import infer_types, run
 from tremula.model_info import model_batch
 from tremula.plan.finalize import memory_plan, step_cycles, to_program
@@ -102,6 +102,9 @@ class CompileResult:
     host_out_cycles: int = 0
     seconds: float = 0.0  # wall time of the compile (not stored in the Program, which must be deterministic)
     graph: Graph | None = field(default=None, repr=False)  # the graph as planned (after the precision passes)
+    # the graph as built, before any pass: the check's float32 reference, which so shares the planned graph's
+    # constants (their seeded values are made once)
+    source: Graph | None = field(default=None, repr=False)
 
     @property
     def host_cycles(self) -> int:
@@ -239,8 +242,8 @@ def cast_graph(graph: Graph, dtype: str) -> Graph:
     for name, c in list(g.constants.items()):
         if c.type.dtype == "float32":
             t = type(c.type)(c.type.shape, dtype)
-            if c.is_lazy:
-                g.constants[name] = Constant(name, t, init=c.init)
+            if c.is_lazy:  # made from the float32 constant, so a graph that shares it makes the values once
+                g.constants[name] = Constant(name, t, init=DerivedInit(c, _to_dtype(dtype), f"{dtype} cast"))
             else:  # saturate like the hardware's float->half conversion (a -3.4e38 mask fill becomes -65504, not -inf)
                 fmax = float(np.finfo(dtype).max)
                 g.constants[name] = Constant(name, t, data=np.clip(c.data, -fmax, fmax).astype(dtype))
@@ -252,6 +255,10 @@ def cast_graph(graph: Graph, dtype: str) -> Graph:
     g.nodes = [Node(n.op, n.inputs, n.outputs, {**n.attrs, "to": dtype} if n.op == "Cast" and n.attrs.get("to") ==
                     "float32" else n.attrs, n.name) for n in g.nodes]
     return infer_types(g)
+
+
+def _to_dtype(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda v: v.astype(dtype)  # as LazyInit.make rounds its float32 draws: the same values
 
 
 def _resolve_dtype(dtype: str) -> str:
@@ -580,7 +587,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         comp, exch, sync = comp + c, exch + e, sync + y
     res = CompileResult(program, mp.fits, batch, dt, mp.fullest_tile, mp.peak_bytes, mp.peak_time // 2,
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
-                        dict(state.strategies), graph=g)
+                        dict(state.strategies), graph=g, source=graph)
     res.shared_layers = state.sharing.shared_layers if getattr(state, "sharing", None) is not None else 0
     res.host_in_bytes, res.host_out_bytes = host_stream_bytes(program.host_in), host_stream_bytes(program.host_out)
     res.host_in_cycles = host_transfer_cycles(chip, res.host_in_bytes)
@@ -760,7 +767,7 @@ def check_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: s
         batch, graph, user, expected = _user_arrays(model, build, batch, inputs, expected)
     res = compile_model(model, chip, batch, dtype, seq_len, progress, calibration=calibration)
     if inputs is None:
-        graph = model if isinstance(model, Graph) else build(res.batch)  # type: ignore[misc]
+        graph = res.source if res.source is not None else build(res.batch)  # type: ignore[misc]
     ref_graph = canonical(graph)
     feeds = user if user is not None else make_feeds(ref_graph, seed)
     t0 = time.perf_counter()

@@ -63,15 +63,17 @@ class LazyInit:
         if self.kind == "fill":
             return np.full(ttype.shape, self.mean, ttype.dtype)
         rng = np.random.default_rng(self.seed)
-        if self.kind == "normal":
-            x = rng.standard_normal(ttype.shape, dtype=np.float32) * np.float32(self.std) + np.float32(self.mean)
+        if self.kind == "normal":  # in place: the same float32 operations as x * std + mean, without temporaries
+            x = rng.standard_normal(ttype.shape, dtype=np.float32)
+            x *= np.float32(self.std)
+            x += np.float32(self.mean)
         elif self.kind == "uniform":
             x = rng.uniform(self.mean - self.std, self.mean + self.std, ttype.shape).astype(np.float32)
         elif self.kind == "randint":
             x = rng.integers(int(self.mean), int(self.std), ttype.shape)
         else:
             raise TremulaError(f"unknown lazy initialiser {self.kind!r}")
-        return x.astype(ttype.dtype)
+        return x.astype(ttype.dtype, copy=False)
 
 
 @dataclass(frozen=True, eq=False)

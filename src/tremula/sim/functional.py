@@ -34,6 +34,7 @@ from tremula.program import Program, VertexGroup
 # As float32 0xA5A5A5A5 is -2.9e-16, as float16 0xA5A5 is -0.022: wrong but finite, so reads must be caught.
 POISON = 0xA5
 CHUNK_BYTES = 1 << 24  # bytes gathered per vectorised batch (bounds the temporaries of a big step)
+BIG_BLOCK = 1 << 14  # weight blocks this big are copied one by one (a slice copy beats a gather and a scatter)
 WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 ONES = {w: (1 << (8 * w)) - 1 for w in WORDS}  # a word of the written map with all its bytes' bits set
 _NO_EDGES = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8))
@@ -100,10 +101,10 @@ def _read_of_other_write(wt: np.ndarray, ws: np.ndarray, wl: np.ndarray, wv: np.
     return int(rt[i]), int(rs[i])
 
 
-def _by_length(nbytes: np.ndarray) -> list[np.ndarray]:
-    """Indices of the rows grouped by length, each group in its original order (a source row's destinations stay
-    together, so the source is read from cache). An exchange has few distinct lengths: a mask per length is cheaper
-    than sorting millions of rows; many lengths (timetable pieces) fall back to one sort."""
+def _by_value(nbytes: np.ndarray) -> list[np.ndarray]:
+    """Indices of the rows grouped by equal value (a row length, or a block shape as one key), each group in its
+    original order. An exchange has few distinct lengths: a mask per length is cheaper than sorting millions of
+    rows; many lengths (timetable pieces) fall back to one sort."""
     groups, rest = [], np.arange(len(nbytes))
     for _ in range(8):
         if not len(rest):
@@ -112,10 +113,9 @@ def _by_length(nbytes: np.ndarray) -> list[np.ndarray]:
         groups.append(rest[same])
         rest = rest[~same]
     if len(rest):
-        key = np.sort((nbytes[rest].astype(np.uint64) << np.uint64(32)) | rest.astype(np.uint64))
-        lens = key >> np.uint64(32)
-        idx = (key & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        groups.extend(np.split(idx, np.flatnonzero(lens[1:] != lens[:-1]) + 1))
+        order = rest[np.argsort(nbytes[rest], kind="stable")]
+        vals = nbytes[order]
+        groups.extend(np.split(order, np.flatnonzero(vals[1:] != vals[:-1]) + 1))
     return groups
 
 
@@ -176,6 +176,15 @@ def _stacks(g: VertexGroup, cl: Codelet, nbytes: np.ndarray) -> list[np.ndarray]
     return out
 
 
+def _zeros(shape: tuple[int, int]) -> np.ndarray:
+    """Zeroed bytes in huge pages. np.zeros takes calloc's pages, 4 KiB at a time on a kernel whose transparent huge
+    pages are opt-in (madvise): a C600's 900 MB of tile memory then costs about 230,000 page faults, 1.5-2.5 s of a
+    base model's simulation here. NumPy's own allocator advises huge pages for big arrays; filling them is a memset."""
+    a = np.empty(shape, np.uint8)
+    a.fill(0)
+    return a
+
+
 class Machine:
     def __init__(self, program: Program, check: bool = True):
         self.p = program
@@ -187,9 +196,9 @@ class Machine:
         # Word views of the whole memory need a multiple of 8 bytes, and so do those of the written map (one bit a
         # byte): 64. (A 1-tile chip whose memory was 24 bytes had a 3-byte map, and its 2-byte view failed.)
         self.size = (self.size + 63) // 64 * 64
-        self.mem = np.zeros((program.tiles, self.size), np.uint8)
+        self.mem = _zeros((program.tiles, self.size))
         # One bit per byte (bit j of map byte i is memory byte 8i + j): an eighth of the bytes to scatter and gather.
-        self.written = np.zeros((program.tiles, self.size // 8), np.uint8) if check else None
+        self.written = _zeros((program.tiles, self.size // 8)) if check else None
 
     # ------------------------------------------------------------------------------------------------ bytes
     @staticmethod
@@ -210,7 +219,11 @@ class Machine:
         nbytes = data.shape[1]
         w = _width(nbytes, starts)
         self._windows(self.mem, nbytes, w)[starts // w] = data.view(WORDS[w])
-        if self.written is not None:
+        self._mark(starts, nbytes)
+
+    def _mark(self, starts: np.ndarray, nbytes: int) -> None:
+        """Mark the rows [start, start + nbytes) written (check mode)."""
+        if self.written is not None and nbytes:
             whole, (_, e_byte, e_mask) = _spans(starts, nbytes)
             for _, first, count in whole:
                 v = _width(count, first)
@@ -254,37 +267,45 @@ class Machine:
 
     # ------------------------------------------------------------------------------------------------ loading
     def load_weights(self, graph: Graph) -> None:
-        """Every weight block at its tiles and addresses: one gather from the constant and one scatter per block
-        shape of a constant."""
+        """Every weight block at its tile and address: a big block is one slice copy straight from the constant into
+        the tile's bytes (a gather into a stack first copies it twice); small ones, one gather and one scatter per
+        block shape."""
         cs = self.p.consts
         if not cs:
             return
-        keys: dict[tuple[str, str, int, int], list[int]] = {}
+        by_const: dict[tuple[str, str], list[int]] = {}
         for i, c in enumerate(cs):
-            keys.setdefault((c.name, c.dtype, c.r1 - c.r0, c.c1 - c.c0), []).append(i)
-        cache: dict[tuple[str, str], np.ndarray] = {}
-        for (name, dtype, rows, cols), idx in keys.items():
-            if (name, dtype) not in cache:
-                if name not in graph.constants:
-                    raise TremulaError(f"the program needs constant {name!r}, which the model does not have")
-                v = graph.constants[name].value()
-                width = v.shape[-1] if v.ndim else 1
-                cache[(name, dtype)] = np.ascontiguousarray(v.reshape(-1, width).astype(dtype))
-            src = cache[(name, dtype)]
-            r0 = np.array([cs[i].r0 for i in idx], np.int64)
-            c0 = np.array([cs[i].c0 for i in idx], np.int64)
-            tile = np.array([cs[i].tile for i in idx], np.int64)
-            addr = np.array([cs[i].addr for i in idx], np.int64)
-            nbytes = rows * cols * src.itemsize
-            self._bounds(f"weights {name}", tile, addr, np.full(len(idx), nbytes))
-            if nbytes == 0:
-                continue
-            if ((r0 < 0) | (r0 + rows > src.shape[0]) | (c0 < 0) | (c0 + cols > src.shape[1])).any():
+            by_const.setdefault((c.name, c.dtype), []).append(i)
+        for (name, dtype), idx in by_const.items():
+            if name not in graph.constants:
+                raise TremulaError(f"the program needs constant {name!r}, which the model does not have")
+            v = graph.constants[name].value()
+            width = v.shape[-1] if v.ndim else 1
+            src = np.ascontiguousarray(v.reshape(-1, width)).astype(dtype, copy=False)
+            r0, r1, c0, c1, tile, addr = (np.array([getattr(cs[i], f) for i in idx], np.int64)
+                                          for f in ("r0", "r1", "c0", "c1", "tile", "addr"))
+            isz = src.itemsize
+            nbytes = (r1 - r0) * (c1 - c0) * isz
+            self._bounds(f"weights {name}", tile, addr, nbytes)
+            if ((r0 < 0) | (r1 > src.shape[0]) | (r0 > r1) | (c0 < 0) | (c1 > src.shape[1]) | (c0 > c1)).any():
                 raise TremulaError(f"the program reads a block outside constant {name!r}")
-            # Windows [rows, cols] at every (row, col) of the constant; pick each image's block.
-            win = as_strided(src, (src.shape[0] - rows + 1, src.shape[1] - cols + 1, rows, cols), src.strides * 2)
-            blocks = np.ascontiguousarray(win[r0, c0]).reshape(len(idx), -1).view(np.uint8)
-            self._scatter(self._flat(tile, addr), blocks)
+            flat = self._flat(tile, addr)
+            shapes = (r1 - r0) * (1 << 32) + (c1 - c0)
+            for grp in _by_value(shapes):
+                rows, cols = int(r1[grp[0]] - r0[grp[0]]), int(c1[grp[0]] - c0[grp[0]])
+                if rows * cols == 0:
+                    continue
+                if rows * cols * isz >= BIG_BLOCK:  # a slice copy each, straight into the tile's bytes
+                    for t, a, ra, ca in zip(tile[grp].tolist(), addr[grp].tolist(), r0[grp].tolist(),
+                                            c0[grp].tolist()):
+                        self.mem[t, a: a + rows * cols * isz].view(dtype).reshape(rows, cols)[...] = \
+                            src[ra: ra + rows, ca: ca + cols]
+                    self._mark(flat[grp], rows * cols * isz)
+                else:  # many small blocks: windows [rows, cols] at every (row, col) of the constant, one gather
+                    win = as_strided(src, (src.shape[0] - rows + 1, src.shape[1] - cols + 1, rows, cols),
+                                     src.strides * 2)
+                    blocks = np.ascontiguousarray(win[r0[grp], c0[grp]]).reshape(len(grp), -1).view(np.uint8)
+                    self._scatter(flat[grp], blocks)
 
     def host_in(self, feeds: dict[str, np.ndarray]) -> None:
         for s in self.p.host_in:
@@ -394,23 +415,56 @@ class Machine:
         n = len(ex)
         if n == 0:
             return
-        # Every transfer's rows: source (tile, address) and bytes, checked once however many destinations it has.
-        rows = ex.rows
+        # Every transfer's rows: source (tile, address) and bytes, read once however many destinations it has.
+        rows, nd = ex.rows, np.diff(ex.dst_start)
         ri = np.repeat(np.arange(n), rows)
         r_local = np.arange(len(ri)) - np.repeat(np.cumsum(rows) - rows, rows)
         src = (ex.src_tile[ri].astype(np.int64), ex.src_addr[ri] + r_local * ex.src_stride[ri], ex.row_bytes[ri])
-        # Then one entry per (transfer, destination, row): (source tile, address) -> (destination tile, address).
-        nd = np.diff(ex.dst_start)
+        self._bounds(f"step {k} exchange source", *src)
+        # A destination's rows lie between its first and last row's addresses: bounds checked at both ends.
         ti = np.repeat(np.arange(n), nd)
-        drows = rows[ti]
-        di = np.repeat(np.arange(len(ti)), drows)  # (transfer, destination) of each row
-        d_local = np.arange(len(di)) - np.repeat(np.cumsum(drows) - drows, drows)
-        t = ti[di]
-        src_t = ex.src_tile[t].astype(np.int64)
-        src_a = ex.src_addr[t] + d_local * ex.src_stride[t]
-        dst_t = ex.d_tile[di].astype(np.int64)
-        dst_a = ex.d_addr[di] + d_local * ex.d_stride[di]
-        self._copy(k, src, src_t, src_a, dst_t, dst_a, ex.row_bytes[t])
+        last = np.maximum(rows[ti] - 1, 0) * ex.d_stride
+        for a in (ex.d_addr, ex.d_addr + last):
+            self._bounds(f"step {k} exchange destination", ex.d_tile, a, ex.row_bytes[ti])
+        if self.check:
+            # One entry per (transfer, destination, row) for the overlap check.
+            drows = rows[ti]
+            di = np.repeat(np.arange(len(ti)), drows)
+            d_local = np.arange(len(di)) - np.repeat(np.cumsum(drows) - drows, drows)
+            dst_t = ex.d_tile[di].astype(np.int64)
+            dst_a = ex.d_addr[di] + d_local * ex.d_stride[di]
+            self._check_exchange(k, src, dst_t, dst_a, ex.row_bytes[ti[di]])
+            self._check_sources(k, *src)
+        s_flat = self._flat(src[0], src[1])
+        for grp in _by_value(src[2]):
+            length = int(src[2][grp[0]])
+            if length == 0:
+                continue
+            grp = grp[np.argsort(-nd[ri[grp]], kind="stable")]  # most destinations first (see _multicast)
+            per = max(1, CHUNK_BYTES // length)
+            for lo in range(0, len(grp), per):
+                sel = grp[lo: lo + per]
+                self._multicast(ex, ri[sel], r_local[sel], nd[ri[sel]], self._gather(s_flat[sel], length))
+
+    def _multicast(self, ex, t: np.ndarray, r: np.ndarray, nds: np.ndarray, data: np.ndarray) -> None:
+        """Write row i of `data` (row r[i] of transfer t[i]) to every destination of its transfer. The rows come
+        sorted by their number of destinations, most first, so the rows that have a j-th destination are a prefix
+        of `data`: one scatter per j from a view, and the source bytes are gathered once, not once per destination.
+        When few rows are left with many destinations each, their remaining (row, destination) pairs go at once
+        (a copy of those rows, at most CHUNK_BYTES)."""
+        neg = -nds
+        j = 0
+        while j < nds[0]:
+            c = int(np.searchsorted(neg, -j, side="left"))  # rows with more than j destinations
+            cnt = nds[:c] - j
+            if c * 8 < len(nds) and int(nds[0]) - j > 8 and int(cnt.sum()) * data.shape[1] <= CHUNK_BYTES:
+                idx = np.repeat(np.arange(c), cnt)
+                d = ex.dst_start[t[idx]] + j + (np.arange(len(idx)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+                self._scatter(self._flat(ex.d_tile[d], ex.d_addr[d] + r[idx] * ex.d_stride[d]), data[idx])
+                return
+            d = ex.dst_start[t[:c]] + j
+            self._scatter(self._flat(ex.d_tile[d], ex.d_addr[d] + r[:c] * ex.d_stride[d]), data[:c])
+            j += 1
 
     def exchange_by_timetable(self, k: int, chip) -> None:
         """The same exchange, executed chunk by chunk in the order its cycle-precise timetable completes them."""
@@ -442,11 +496,11 @@ class Machine:
         self._bounds(f"step {k} exchange source", *src)
         self._bounds(f"step {k} exchange destination", dst_t, dst_a, nb)
         if self.check:
-            self._check_exchange(k, src_t, src_a, dst_t, dst_a, nb)
+            self._check_exchange(k, src, dst_t, dst_a, nb)
             self._check_sources(k, *src)
         s_flat, d_flat = self._flat(src_t, src_a), self._flat(dst_t, dst_a)
         # Sources and destinations do not overlap (checked above), so batches may run in any order: one per length.
-        for grp in _by_length(nb):
+        for grp in _by_value(nb):
             length = int(nb[grp[0]])
             if length == 0:
                 continue
@@ -458,7 +512,7 @@ class Machine:
     def _check_sources(self, k: int, tile, addr, nb) -> None:
         """Every source byte of the exchange was written before it."""
         flat = self._flat(tile, addr)
-        for grp in _by_length(nb):
+        for grp in _by_value(nb):
             length = int(nb[grp[0]])
             per = max(1, CHUNK_BYTES // max(length, 1))
             for lo in range(0, len(grp) if length else 0, per):
@@ -469,12 +523,14 @@ class Machine:
                     raise SimCheckError(f"step {k} ({self.p.steps[k].label}): a transfer reads unwritten byte "
                                         f"{byte % self.size} on tile {byte // self.size}")
 
-    def _check_exchange(self, k: int, src_t, src_a, dst_t, dst_a, nb) -> None:
+    def _check_exchange(self, k: int, src, dst_t, dst_a, nb) -> None:
         """Destination rows must not overlap each other nor any source row of the same exchange: one sort of all
-        rows by tile and address, then running maxima of the destination and source ends."""
+        rows by tile and address, then running maxima of the destination and source ends. `src` is (tile, address,
+        bytes) of each source row once."""
+        src_t, src_a, src_nb = src
         is_src = np.concatenate([np.zeros(len(dst_t), bool), np.ones(len(src_t), bool)])
         t, s, e, src = _sorted_rows(np.concatenate([dst_t, src_t]), np.concatenate([dst_a, src_a]),
-                                    np.concatenate([nb, nb]), is_src)
+                                    np.concatenate([nb, src_nb]), is_src)
         big = int(e.max()) + 1
         dmax = np.maximum.accumulate(np.where(~src, e, 0) + t * big) - t * big
         same = t[1:] == t[:-1]

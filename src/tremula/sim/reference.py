@@ -53,7 +53,7 @@ MatMulFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 def _mm32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Half or float32 operands multiplied and summed in float32, as the codelets do (BLAS picks the order)."""
     acc = np.float32 if a.dtype == np.float16 else a.dtype
-    return np.matmul(a.astype(acc), b.astype(acc))
+    return np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False))
 
 
 def _mm64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -86,12 +86,17 @@ def _split_k_ref(op: str, pk: int, attrs: Mapping, mm: MatMulFn = _mm32) -> RefR
                                     int(a["x_scale"]), ws, int(a["group"])) for a0, a1 in pairwise(cuts)]
             bias, out_dt = (xs[3] if len(xs) > 3 else None), np.dtype(np.float16)
         else:
-            parts = [mm(x[..., a0:a1], w[a0:a1]) for a0, a1 in pairwise(cuts)]
+            acc = np.float32 if x.dtype == np.float16 else x.dtype
+            xa, wa = x.astype(acc, copy=False), w.astype(acc, copy=False)  # (once, not once per part)
+            parts = (mm(xa[..., a0:a1], wa[a0:a1]) for a0, a1 in pairwise(cuts))
             bias, out_dt = (xs[2] if len(xs) > 2 else None), x.dtype
-        s = parts[0].astype(np.float32)
-        for p in parts[1:]:
-            s = s + p.astype(s.dtype)
-        y = s.astype(out_dt)
+        s = None
+        for p in parts:  # in part order, in float32 (in place: the same sums as s + p, without a copy per part)
+            if s is None:
+                s = np.array(p, dtype=np.float32)
+            else:
+                s += p
+        y = s.astype(out_dt, copy=False)
         if bias is not None:
             y = (y + bias.astype(out_dt)).astype(out_dt)  # reduce_partials / matmul add the bias in the output dtype
         return [y]

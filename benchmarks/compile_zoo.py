@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from tremula.chip import load_chip
 from tremula.compiler import DoesNotFit, compile_model
 from tremula.errors import NoFit
 from tremula.frontends.zoo import ZOO
+from tremula.target.chip import load_chip
 
 DEFAULT_MODELS = ["vit-base-patch16-224", "bert-base-uncased", "all-minilm-l6-v2", "siglip-so400m-patch14-384",
                   "vit-tiny", "bert-tiny", "gpt2-tiny", "siglip-tiny", "clip-tiny", "minilm-tiny"]

@@ -16,12 +16,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from tremula.chip import load_chip
 from tremula.compiler import canonical, compile_model
 from tremula.errors import NoFit
 from tremula.frontends import load_model
 from tremula.model_info import describe
 from tremula.report.profile import build_profile
+from tremula.target.chip import load_chip
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ import argparse
 import resource
 import time
 
-from tremula.chip import load_chip
 from tremula.compiler import compile_model
 from tremula.errors import NoFit
 from tremula.frontends import load_model
 from tremula.model_info import describe
+from tremula.target.chip import load_chip
 
 VENDOR = "PopRT (measured)   1   fp8   ~100 img/s; batch > 1 failed after ~10 min: insufficient tile memory"
 

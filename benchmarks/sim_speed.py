@@ -24,7 +24,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the simulator on one threa
 
 import numpy as np
 
-from tremula.chip import load_chip
+from tremula.target.chip import load_chip
 from tremula.compiler import canonical, compile_model, make_feeds
 from tremula.frontends import load_model
 from tremula.sim.functional import simulate

@@ -120,7 +120,7 @@ def _load(model: str, batch: Optional[int], seq_len: Optional[int], fuse: bool =
 @app.command()
 def chips(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List the built-in chips with their derived peak rates."""
-    from tremula.chip import builtin_chip_names, chip_rows, load_chip
+    from tremula.target.chip import builtin_chip_names, chip_rows, load_chip
 
     rows = chip_rows([load_chip(n) for n in builtin_chip_names()])
     if json_out:
@@ -136,7 +136,7 @@ def chips(json_out: bool = typer.Option(False, "--json", help="Print JSON instea
 
 def _chip_cell(key: str, value: Any) -> str:
     """A chip_rows value as the table shows it: at the precision of its column, '-' where the chip lacks it."""
-    from tremula.chip import CHIP_ROW_FORMATS
+    from tremula.target.chip import CHIP_ROW_FORMATS
 
     if value is None:
         return "-"
@@ -431,7 +431,7 @@ def compile_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Plan every tensor onto tiles, lower to a BSP program, and report memory and estimated cycles."""
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
     from tremula.compiler import compile_model
     from tremula.outputs import check_outputs
     from tremula.program import save_program
@@ -514,7 +514,7 @@ def check_cmd(
 ) -> None:
     """Compile, run the Program in the functional simulator, and compare every output with the reference (and, with
     --inputs, with your expected outputs and onnxruntime)."""
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
     from tremula.compiler import check_model
 
     if seed < 0:  # numpy's generators take none, and a one-line answer beats an internal error after the compile
@@ -649,7 +649,7 @@ def microbench_amp(
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every tile runs one FP16 [N,16]x[16,16] AMP vertex: modelled TFLOP/s and % of peak vs the measured curve."""
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
     from tremula.timing.microbench import amp_microbench
 
     try:
@@ -677,7 +677,7 @@ def microbench_matmul(
 ) -> None:
     """One tile's [R,K]x[K,N] matmul vertex: modelled cycles, MACs/cycle and % of the AMP peak, beside a measured
     kernel where ipu-stack-facts §2.1 has that shape."""
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
     from tremula.timing.microbench import matmul_point
 
     row = matmul_point(load_chip(chip), rows, k, cols, dtype.strip().lower(),
@@ -714,7 +714,7 @@ def calibrate(
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """The cost model against every published measurement we have, with the error of each."""
-    from tremula.timing.calibrate import calibration_rows
+    from tremula.calibrate import calibration_rows
 
     rows = calibration_rows(include_models=models)
     if json_out:

@@ -15,16 +15,17 @@ from typing import Union
 import numpy as np
 
 from tremula import limits
-from tremula.cost import host_transfer_cycles
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.frontends.rebatch import FixedBatch
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node
 from tremula.ir.interp import infer_types, run
 from tremula.model_info import model_batch
-from tremula.plan.finalize import memory_plan, step_cycles, to_program
+from tremula.plan.finalize import memory_plan, to_program
 from tremula.plan.layers import layer_key
 from tremula.plan.lower_ops import Lowerer
 from tremula.program import Program, host_stream_bytes
+from tremula.target.cost import host_transfer_cycles
+from tremula.target.step_cost import step_cycles
 
 Progress = Callable[[str, int, int], None]
 ModelSpec = Union[Graph, str, Callable[[int], Graph]]  # noqa: UP007 (a runtime alias)
@@ -519,7 +520,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     """
     t0 = time.perf_counter()
     if isinstance(chip, str):
-        from tremula.chip import load_chip
+        from tremula.target.chip import load_chip
 
         chip = load_chip(chip)
     dt = _resolve_dtype(dtype)
@@ -756,7 +757,7 @@ def check_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: s
     from tremula.sim.functional import simulate
 
     if isinstance(chip, str):
-        from tremula.chip import load_chip
+        from tremula.target.chip import load_chip
 
         chip = load_chip(chip)
     build = _builder(model, seq_len)

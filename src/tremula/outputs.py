@@ -164,7 +164,7 @@ def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 
 def _chip_file(spec: str) -> Path | None:
     """The file load_chip reads for `spec`: a built-in's packaged TOML (when installed as files) or the user's."""
-    from tremula.chip import builtin_chip_names
+    from tremula.target.chip import builtin_chip_names
 
     looks_like_path = spec.endswith(".toml") or "/" in spec or "\\" in spec
     if not looks_like_path and spec.lower() in builtin_chip_names():

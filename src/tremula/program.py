@@ -134,7 +134,8 @@ class TransferTable:
 @dataclass
 class FieldPatch:
     """The vertex fields one shared layer rewrites in one of its template's vertex groups: operand pointers (its own
-    weights) and parameters (its own FP8 scales), one 32-bit word per field and vertex (PATCH_WORD_BYTES)."""
+    weights) and parameters (its own FP8 scales), one 32-bit word per field and vertex
+    (target/overheads.PATCH_WORD_BYTES)."""
 
     addr_cols: np.ndarray  # int64 [fa] operand fields rewritten
     addrs: np.ndarray  # int64 [n, fa] their values in this layer
@@ -158,9 +159,6 @@ class FieldPatch:
     def none(n: int) -> FieldPatch:
         z = np.zeros(0, np.int64)
         return FieldPatch(z, np.zeros((n, 0), np.int64), z, np.zeros((n, 0), np.int64))
-
-
-PATCH_WORD_BYTES = 4  # one rewritten vertex field: a 32-bit pointer or scalar
 
 
 @dataclass
@@ -398,7 +396,7 @@ class Program:
     reserved_bytes: np.ndarray  # int64 [tiles] code + vertex state + exchange code (top of each tile's SRAM)
     meta: dict = field(default_factory=dict)  # plan summary: cycles, memory by category, strategies (JSON-able)
     # reserved_bytes by category (code, vertex_state, exchange_code): what the memory plan reserved; the Program's
-    # own count (plan/overheads.program_reserved) never exceeds it, which compiling checks
+    # own count (target/overheads.reserved_bytes of its steps) never exceeds it, which compiling checks
     reserved_split: dict = field(default_factory=dict)
     # what the file carries to stand alone: chip TOML and hashes, how to rebuild the planned graph (provenance.py)
     provenance: Provenance = field(default_factory=Provenance)

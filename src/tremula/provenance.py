@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tremula.chip import Chip, builtin_chip_names
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph
 from tremula.program import FP8_DTYPES, Program
+from tremula.target.chip import Chip, builtin_chip_names
 
 WEIGHTS_HASH_VERSION = 1
 
@@ -48,7 +48,7 @@ def short(digest: str) -> str:
 
 
 def _parse_chip(text: str, where: str) -> Chip:
-    from tremula.chip import _parse  # the loader's own parser, so an embedded chip is read exactly as a file is
+    from tremula.target.chip import _parse  # the loader's own parser, so an embedded chip is read exactly as a file is
 
     return _parse(text, where)
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tremula.chip import Chip
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
 from tremula.program import Program, load_program
 from tremula.provenance import chip_hash, embedded_chip, program_weights_sha256, short
+from tremula.target.chip import Chip
 
 
 @dataclass
@@ -41,7 +41,7 @@ class RunResult:
 
 def prepare(path: str, model: str, chip: str | None = None) -> Prepared:
     """Load the Program at `path` and rebuild `model`'s planned graph for it; refuse another chip or other weights."""
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
     from tremula.compiler import canonical, lower_precision
     from tremula.frontends import load_model
 

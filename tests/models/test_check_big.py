@@ -2,8 +2,8 @@
 
 import pytest
 
-from tremula.chip import load_chip
 from tremula.compiler import check_model, compile_model
+from tremula.target.chip import load_chip
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tremula.chip import load_chip
 from tremula.compiler import check_model, compile_model
+from tremula.target.chip import load_chip
 
 TINY = ["vit-tiny", "bert-tiny", "gpt2-tiny", "siglip-tiny", "clip-tiny", "minilm-tiny"]
 TINY64 = "examples/chips/tiny64.toml"

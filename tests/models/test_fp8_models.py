@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tremula.chip import load_chip
 from tremula.compiler import check_model, compile_model, make_feeds
 from tremula.errors import TremulaError
 from tremula.ir import run
+from tremula.target.chip import load_chip
 
 TINY = ["vit-tiny", "siglip-tiny", "clip-tiny", "bert-tiny", "minilm-tiny", "gpt2-tiny"]
 TINY16 = str(Path(__file__).resolve().parents[2] / "examples" / "chips" / "tiny16.toml")

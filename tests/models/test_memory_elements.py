@@ -8,8 +8,8 @@ import pytest
 from test_mutations import PLAN_KINDS, _force, _is_kind
 
 from tremula import compiler
-from tremula.chip import load_chip
 from tremula.plan.elements import APART, conflicts
+from tremula.target.chip import load_chip
 
 
 def _matmul_vertices(program) -> int:

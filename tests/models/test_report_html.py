@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tremula.chip import load_chip
 from tremula.compiler import compile_model
 from tremula.frontends import load_model
 from tremula.report import build_profile, write_html
+from tremula.target.chip import load_chip
 from tremula.timing.program_schedule import schedule_program
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))

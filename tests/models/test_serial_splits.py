@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from tremula.chip import load_chip
 from tremula.compiler import check_model, compile_model
+from tremula.target.chip import load_chip
 
 TINY16 = str(Path(__file__).resolve().parents[2] / "examples" / "chips" / "tiny16.toml")
 

@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 
 from tremula import compiler
-from tremula.chip import load_chip
 from tremula.compiler import canonical, make_feeds
 from tremula.frontends import load_model
-from tremula.plan import cost_terms
-from tremula.plan.finalize import memory_plan, step_cycles, to_program
+from tremula.plan.finalize import memory_plan, to_program
 from tremula.plan.lower_ops import Lowerer
-from tremula.plan.overheads import reserved_bytes
 from tremula.program import load_program, save_program
 from tremula.sim.functional import simulate
+from tremula.target import cost_terms
+from tremula.target.chip import load_chip
+from tremula.target.overheads import reserved_bytes
+from tremula.target.step_cost import price_step, step_cycles
 from test_shared_layers import bert4, siglip4
 
 SHARED = ((0.12, None, True),)
@@ -90,7 +91,7 @@ def test_timing_charges_the_patch(shared_fp8):
     """A call's compute is its template's code on each tile plus rewriting its fields and setting its weight base
     (cost_terms.call_cycles), in step_cycles and in the profile alike."""
     from tremula.program import Step
-    from tremula.report.profile import tile_cycles
+    from tremula.report.profile import step_rows
 
     chip = load_chip("c600")
     p = shared_fp8.program
@@ -100,10 +101,12 @@ def test_timing_charges_the_patch(shared_fp8):
             continue
         flat = Step(s.compute, s.exchange, s.label)  # the same code, as if the layer had its own
         extra = cost_terms.call_cycles(s.patch_words(p.tiles), s.base_tiles(p.tiles))
-        per_tile = tile_cycles(chip, flat, p.tiles)[0] + extra
-        assert step_cycles(chip, s)[0] == per_tile.max() == tile_cycles(chip, s, p.tiles)[0].max()
+        per_tile = price_step(chip, flat, p.tiles).tile_compute + extra
+        assert step_cycles(chip, s)[0] == per_tile.max() == price_step(chip, s, p.tiles).tile_compute.max()
         charged += step_cycles(chip, s)[0] > step_cycles(chip, flat)[0]
     assert charged > 0
+    rows = step_rows(p, chip, keep_tile_cycles=False)[0]
+    assert [r.compute for r in rows] == [step_cycles(chip, s)[0] for s in p.steps]
 
 
 @pytest.mark.parametrize("model,dtype", [(siglip4, "float16"), (bert4, "float16"), ("vit-tiny", "float16")])

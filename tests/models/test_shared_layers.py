@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from tremula import compiler
-from tremula.chip import load_chip
 from tremula.compiler import check_model
 from tremula.frontends.zoo import _vision
 from tremula.models.build import build_from_config
@@ -14,6 +13,7 @@ from tremula.models.weights import LazyWeights
 from tremula.plan.finalize import memory_plan
 from tremula.plan.lower_ops import Lowerer
 from tremula.plan.share import check_weight_strides, find_sharing
+from tremula.target.chip import load_chip
 
 SHARED = ((0.12, None, True),)
 UNSHARED = ((0.12, None, False),)

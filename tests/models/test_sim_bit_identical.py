@@ -10,12 +10,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tremula.chip import load_chip
 from tremula.codelets import codelet
 from tremula.codelets.fp8 import _BAD_CODES, FORMATS, amp_matmul_stack
 from tremula.compiler import compile_model, make_feeds
 from tremula.numerics.fp8 import amp_fp8_matmul
 from tremula.sim.functional import Machine, simulate
+from tremula.target.chip import load_chip
 
 TINY16 = "examples/chips/tiny16.toml"
 

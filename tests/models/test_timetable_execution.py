@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from tremula.chip import load_chip
 from tremula.compiler import canonical, cast_graph, compile_model, make_feeds
 from tremula.frontends.zoo import build_zoo
 from tremula.ir import run
 from tremula.sim.functional import simulate
+from tremula.target.chip import load_chip
 
 
 def test_timetable_order_gives_the_reference_outputs():

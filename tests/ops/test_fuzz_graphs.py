@@ -978,7 +978,7 @@ PLANNED_STEPS = ["unary", "binary", "matmul", "reduce", "norm", "layernorm_patte
 def test_random_graphs_compile_and_simulate_on_small_chips(tmp_path_factory, data) -> None:
     """A few random graphs on tiny16 with 1 to 16 tiles: the simulated Program matches the reference, or the
     compile refuses in one line (an op the planner cannot place, or it does not fit)."""
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
     from tremula.compiler import DoesNotFit
     from tremula.compiler import check_model as compile_and_check
     from tremula.errors import TremulaError

@@ -144,7 +144,7 @@ def test_run_a_saved_program_alone(files):
     p = cli("run", tmp / "m.tremula", model, "--inputs", tmp / "x2.npz", "--out", tmp / "out.npz")
     assert p.returncode == 0, p.stderr
     # the same as the compile's own Program simulated in this process
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
     from tremula.compiler import compile_model
     from tremula.sim.functional import simulate
 

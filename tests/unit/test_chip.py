@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tremula.chip import Chip, builtin_chip_names, chip_rows, load_chip, normalize_dtype
 from tremula.errors import TremulaError
+from tremula.target.chip import Chip, builtin_chip_names, chip_rows, load_chip, normalize_dtype
 
 REPO = Path(__file__).resolve().parents[2]
 TINY64 = REPO / "examples" / "chips" / "tiny64.toml"

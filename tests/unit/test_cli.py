@@ -99,7 +99,7 @@ def test_external_data_outside_folder(tmp_path):
 
 @pytest.mark.parametrize("content", ["tiles = [", "name = 'x'\n", "garbage\x00"])
 def test_invalid_chip_file(tmp_path, content):
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
     from tremula.errors import TremulaError
 
     path = tmp_path / "chip.toml"

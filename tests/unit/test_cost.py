@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tremula import cost
-from tremula.chip import Chip, builtin_chip_names, load_chip
 from tremula.errors import TremulaError
+from tremula.target import cost
+from tremula.target.chip import Chip, builtin_chip_names, load_chip
 
 CHIPS = {n: load_chip(n) for n in builtin_chip_names()}
 PAIRS = [("fp32", "fp32"), ("fp16", "fp16"), ("fp16", "fp32"), ("fp8", "fp16")]

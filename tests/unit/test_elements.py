@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from tremula.chip import load_chip
 from tremula.plan.elements import element_end, element_index, share_element
 from tremula.plan.memory import plan_memory
+from tremula.target.chip import load_chip
 
 C600 = load_chip("c600")
 KIB = 1024

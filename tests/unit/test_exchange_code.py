@@ -1,4 +1,4 @@
-"""Exchange and control code bytes by the chip's encoding model (plan/overheads.py, ipu-stack-facts §1.2), and the
+"""Exchange and control code bytes by the chip's encoding model (target/overheads.py, ipu-stack-facts §1.2), and the
 code region that instructions must fit (ipu-stack-facts §3)."""
 
 import dataclasses
@@ -6,10 +6,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tremula.chip import load_chip
 from tremula.compiler import DoesNotFit, compile_model
-from tremula.plan.overheads import reserved_bytes, transfer_code_bytes
 from tremula.program import Step, TransferTable
+from tremula.target.chip import load_chip
+from tremula.target.overheads import reserved_bytes, transfer_code_bytes
 
 I32, I64 = np.int32, np.int64
 

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from tremula.chip import load_chip
 from tremula.codelets import codelet
 from tremula.codelets.fp8 import amp_fp8_matmul, format_id
 from tremula.errors import TremulaError
 from tremula.numerics.fp8 import Fp8Format, dequantize, quantize
+from tremula.target.chip import load_chip
 
 
 def test_cast_codelet_writes_the_codes_of_the_format():

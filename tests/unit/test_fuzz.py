@@ -24,7 +24,6 @@ from onnx import TensorProto, helper
 from test_bad_onnx import _matmul_model
 from test_cli import assert_one_line_error, run_cli
 
-from tremula.chip import MAX_COUNT, MAX_TILES, load_chip
 from tremula.compiler import DoesNotFit, check_model, compile_model
 from tremula.errors import TremulaError
 from tremula.export import export_onnx
@@ -32,6 +31,7 @@ from tremula.frontends import load_model
 from tremula.frontends.zoo import build_zoo
 from tremula.limits import TooBig
 from tremula.passes import canonicalize
+from tremula.target.chip import MAX_COUNT, MAX_TILES, load_chip
 
 hypothesis = pytest.importorskip("hypothesis")
 pytestmark = pytest.mark.filterwarnings("ignore::tremula.errors.TremulaNotice")  # notices are not errors here

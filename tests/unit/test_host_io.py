@@ -12,8 +12,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from tremula.chip import load_chip
 from tremula.compiler import compile_model
+from tremula.target.chip import load_chip
 
 MODEL, BATCH = "vit-tiny", "2"
 

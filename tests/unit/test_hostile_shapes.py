@@ -293,7 +293,7 @@ def test_impossible_batches_are_refused_in_milliseconds(monkeypatch, model, batc
 
 
 def test_the_bound_never_refuses_what_fits():
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
 
     best = compile_model("gpt2-tiny", TINY16, "auto", "fp16").batch
     limit = bound_limit(lambda b: load_model("gpt2-tiny", batch=b), load_chip(TINY16), "float16")
@@ -304,7 +304,7 @@ def test_the_bound_never_refuses_what_fits():
 
 
 def test_batch_search_stays_under_the_bound(monkeypatch):
-    from tremula.chip import load_chip
+    from tremula.target.chip import load_chip
 
     chip = load_chip(TINY16)
     build = lambda b: load_model("vit-tiny", batch=b)

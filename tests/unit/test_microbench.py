@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from tremula.chip import load_chip
+from tremula import calibrate
+from tremula.calibrate import calibration_rows, end_to_end_rows
 from tremula.codelets import codelet
-from tremula.cost import amp_matmul_cycles
 from tremula.errors import TremulaError
-from tremula.timing import calibrate
-from tremula.timing.calibrate import calibration_rows, end_to_end_rows
+from tremula.target.chip import load_chip
+from tremula.target.cost import amp_matmul_cycles
 from tremula.timing.microbench import MEASURED_AMP_TFLOPS, MEASURED_MATMUL_CYCLES, amp_microbench, matmul_point
 
 

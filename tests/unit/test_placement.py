@@ -3,11 +3,11 @@ the exchange-code rule for each side of a transfer."""
 
 import numpy as np
 
-from tremula.chip import load_chip
 from tremula.compiler import lower_precision
 from tremula.frontends import load_model
 from tremula.plan.lower_ops import Lowerer
-from tremula.plan.overheads import side_instructions
+from tremula.target.chip import load_chip
+from tremula.target.overheads import side_instructions
 
 
 def test_side_instructions_count_rows_only_where_a_side_is_strided():

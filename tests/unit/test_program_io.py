@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from tremula.chip import load_chip
 from tremula.compiler import compile_model
 from tremula.errors import TremulaError
 from tremula.program import load_program, save_program
+from tremula.target.chip import load_chip
 
 
 @pytest.fixture(scope="module")

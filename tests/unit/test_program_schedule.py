@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from transfer_tables import make_table
 
-from tremula.chip import load_chip
 from tremula.compiler import compile_model
 from tremula.frontends import load_model
-from tremula.plan.overheads import reserved_bytes
 from tremula.report import build_profile, render_html
+from tremula.target.chip import load_chip
+from tremula.target.overheads import reserved_bytes
 from tremula.timing import schedule_exchange, verify_timetable
 from tremula.timing import timetable as tt_mod
 from tremula.timing.patterns import canonical_pattern

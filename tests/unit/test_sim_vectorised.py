@@ -12,7 +12,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tremula.chip import load_chip
 from tremula.codelets import CODELETS, codelet
 from tremula.codelets.embed import IndexOutOfRange
 from tremula.codelets.fp8 import FORMATS, amp_matmul_stack
@@ -20,6 +19,7 @@ from tremula.compiler import canonical, compile_model, make_feeds
 from tremula.frontends import load_model
 from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, quantize
 from tremula.sim.functional import Machine, simulate
+from tremula.target.chip import load_chip
 
 TINY64 = "examples/chips/tiny64.toml"
 

@@ -11,7 +11,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tremula.chip import load_chip
 from tremula.compiler import canonical, compile_model, make_feeds
 from tremula.errors import TremulaError
 from tremula.frontends import load_model
@@ -20,6 +19,7 @@ from tremula.program import FP8_DTYPES, FORMAT_VERSION, load_program, save_progr
 from tremula.provenance import seal, weights_sha256
 from tremula.run_program import prepare, run_saved
 from tremula.sim.functional import simulate
+from tremula.target.chip import load_chip
 
 
 def _onnx(path, delta: float = 0.0, batch: int = 2) -> str:

@@ -2,9 +2,9 @@
 
 import pytest
 
-from tremula.chip import load_chip
 from tremula.plan.layout import even_cuts
 from tremula.plan.strategies import WEIGHT_BLOCK_FRACTION, choose_linear, choose_linear_pair
+from tremula.target.chip import load_chip
 
 
 @pytest.fixture(scope="module")

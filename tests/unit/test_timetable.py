@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from transfer_tables import make_table
 
-from tremula.chip import load_chip
-from tremula.plan.overheads import chunk_code_bytes, reserved_bytes
 from tremula.program import TransferTable
+from tremula.target.chip import load_chip
+from tremula.target.overheads import chunk_code_bytes, reserved_bytes
 from tremula.timing import chunk_segments, replay_order, schedule_exchange, verify_timetable
 from tremula.timing.timetable import stream_lower_bound, stream_rate
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transfer_tables import make_table
 
-from tremula.chip import load_chip
 from tremula.errors import TremulaError
+from tremula.target.chip import load_chip
 from tremula.timing import Timetable, TimetableError, replay_order, schedule_exchange, verify_timetable
 
 CHIP = dataclasses.replace(load_chip("bow"), tiles=16)  # 4 B/cycle send and receive, pairs share a bus

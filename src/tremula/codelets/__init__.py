@@ -6,7 +6,8 @@ simulator stacks only vertices whose operand shapes and `uniform` params agree (
 an op id, has_bias, a format); the others (a query block's start, a seed) vary per vertex and are read with `column`.
 
 A codelet is registered with the indices of the operands it writes (so the simulator can check reads of unwritten
-bytes and overlapping writes) and a cycle estimate that calls the one cost model (`tremula.plan.cost_terms`).
+bytes and overlapping writes) and a cycle estimate that calls the one cost model (`tremula.target.cost_terms`);
+registering it also gives the estimate to `tremula.target.step_cost`, which prices whole steps with it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tremula.target.step_cost import CyclesFn, register_vertex_cycles
+
 RunFn = Callable[[list[np.ndarray], Sequence[int] | np.ndarray], None]
-CyclesFn = Callable[..., int]  # (chip, params, shapes, dtypes) -> cycles
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ CODELETS: dict[str, Codelet] = {}
 
 def register(name: str, run: RunFn, writes: tuple[int, ...], cycles: CyclesFn, uniform: tuple[int, ...] = ()) -> None:
     CODELETS[name] = Codelet(name, run, writes, cycles, uniform)
+    register_vertex_cycles(name, cycles)
 
 
 def codelet(name: str) -> Codelet:

@@ -18,7 +18,7 @@ import numpy as np
 
 from tremula.codelets import column, first, i2f, register
 from tremula.codelets.norm import softmax_rows
-from tremula.plan import cost_terms
+from tremula.target import cost_terms
 
 
 def _scores(q, k, mask, params, k_start):

@@ -10,7 +10,7 @@ import numpy as np
 
 from tremula.codelets import first, register
 from tremula.ir.ops import _erf, _gelu, _sigmoid
-from tremula.plan import cost_terms
+from tremula.target import cost_terms
 
 UNARY: dict[str, object] = {
     "Neg": np.negative, "Abs": np.abs, "Exp": np.exp, "Log": np.log, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import register
-from tremula.plan import cost_terms
+from tremula.target import cost_terms
 
 
 class IndexOutOfRange(Exception):

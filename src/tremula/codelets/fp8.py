@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula import cost
 from tremula.codelets import first, register
 from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, dequantize, quantize, round_half_f32
+from tremula.target import cost, cost_terms
 
 __all__ = ["FORMATS", "amp_fp8_matmul", "amp_matmul_stack", "format_id"]  # amp_fp8_matmul: the reference, re-exported
-from tremula.plan import cost_terms
 
 FORMATS = (Fp8Format.F143, Fp8Format.F152)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.plan import cost_terms
+from tremula.target import cost_terms
 
 
 def _acc(dtype) -> type:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, i2f, register
-from tremula.plan import cost_terms
+from tremula.target import cost_terms
 
 
 def _layernorm(ops, params) -> None:

@@ -172,21 +172,35 @@ def amp_fp8_matmul(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format, w
     which a few dozen terms would overflow). Decoding quarter to half is exact.
 
     Each group's product is one float32 BLAS matmul; the running sum stays in float32 holding half values
-    (round_half_f32), which gives the same numbers as half arrays in a fraction of NumPy's float16 time.
+    (round_half_f32), which gives the same numbers as half arrays in a fraction of NumPy's float16 time. A group's
+    sum of FP8 products is exact in float32, so running it on blocks of rows gives the same bits.
     """
     x = np.take(_DECODE[x_fmt], np.asarray(x_codes, np.uint8))
     w = np.take(_DECODE[w_fmt], np.asarray(w_codes, np.uint8))
     scale = np.float32(2.0 ** (x_scale + w_scale))
     acc = np.zeros(x.shape[:-1] + (w.shape[-1],), np.float32)  # +0, as zero half partials
-    for k0 in range(0, x.shape[-1], group):
-        part = np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :])
-        part *= scale
-        acc = acc + part if acc.shape != part.shape else np.add(acc, part, out=acc)
-        np.clip(acc, -_F16_MAX, _F16_MAX, out=acc)  # partials saturate
-        round_half_f32(acc)
+    if w.ndim == 2:  # one weight matrix: the rows of x in blocks whose running sums stay in cache across the groups
+        x2, a2 = x.reshape(-1, x.shape[-1]), acc.reshape(-1, w.shape[-1])
+        per = max(1, AMP_BLOCK // max(1, w.shape[-1]))
+        blocks = [(x2[r: r + per], a2[r: r + per]) for r in range(0, len(x2), per)]
+    else:
+        blocks = [(x, acc)]
+    for xb, ab in blocks:
+        for k0 in range(0, x.shape[-1], group):
+            part = np.matmul(xb[..., k0: k0 + group], w[..., k0: k0 + group, :])
+            part *= scale
+            if ab.shape != part.shape:  # (w's batch dims broadcast x's)
+                ab = acc = ab + part
+            else:
+                ab += part
+            np.clip(ab, -_F16_MAX, _F16_MAX, out=ab)  # partials saturate
+            round_half_f32(ab)
     if np.isnan(acc).any():  # NaN codes: carry the NaNs through half arrays so their bits stay as they were
         return _amp_through_half(x, w, scale, group)
     return acc
+
+
+AMP_BLOCK = 1 << 16  # accumulator elements per block of rows: its running sum and products stay in the L2 cache
 
 
 _F16_MAX = float(np.finfo(np.float16).max)

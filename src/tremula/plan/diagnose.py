@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from tremula.plan.overheads import transfer_code_bytes
+from tremula.target.overheads import transfer_code_bytes
 
 
 def fold(name: str) -> str:

@@ -1,4 +1,5 @@
-"""Plan -> Program: liveness of every buffer, the memory plan, address resolution and the cycle estimate."""
+"""Plan -> Program: liveness of every buffer, the memory plan and address resolution (a step's cycles:
+target/step_cost.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tremula.codelets import codelet
-from tremula.plan import cost_terms
 from tremula.plan.exchange import SymTransfers
 from tremula.plan.layout import blocks
 from tremula.plan.elements import apart_pairs
 from tremula.plan.memory import MemoryPlan, plan_memory
-from tremula.plan.overheads import reserved_bytes
+from tremula.target.overheads import reserved_bytes
 from tremula.errors import TremulaError
 from tremula.plan.share import check_weight_strides, find_sharing, patch_columns
 from tremula.plan.state import LoweringState
@@ -92,35 +91,6 @@ def _streams(state_streams, mp: MemoryPlan) -> list[HostStream]:
                 out.append(HostStream(s.name, t, int(r), a0 * lay.cols + b0, a1 - a0, b1 - b0,
                                       lay.cols, lay.dtype))
     return out
-
-
-def step_cycles(chip, step: Step) -> tuple[int, int, int]:
-    """(compute, exchange, sync) cycles of one step: busiest tile's vertices, busiest tile's exchange, one sync."""
-    per_tile: dict[int, int] = {}
-    for g in step.compute:
-        cl = codelet(g.codelet)
-        keys = np.concatenate([g.params, g.shapes.reshape(len(g), -1)], axis=1)
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        p = g.params.shape[1]
-        cyc = np.array([cl.cycles(chip, tuple(int(x) for x in u[:p]), [tuple(int(y) for y in s) for s in
-                                                                         u[p:].reshape(-1, 2)], g.dtypes)
-                        for u in uniq], I64)
-        tile_c = np.bincount(g.tiles, weights=cyc[inv.reshape(-1)])
-        for t in np.flatnonzero(tile_c):
-            per_tile[int(t)] = per_tile.get(int(t), 0) + int(tile_c[t])
-    if step.call is not None:  # a shared layer: rewriting its fields and setting its weight base come first
-        extra = cost_terms.call_cycles(step.patch_words(chip.tiles), step.base_tiles(chip.tiles))
-        for t in np.flatnonzero(extra):
-            per_tile[int(t)] = per_tile.get(int(t), 0) + int(extra[t])
-    comp = max(per_tile.values(), default=0)
-    ex = step.exchange
-    exc = 0
-    if len(ex):
-        nb = ex.rows * ex.row_bytes
-        sent = np.bincount(ex.src_tile, weights=nb)
-        recv = np.bincount(ex.d_tile, weights=np.repeat(nb, np.diff(ex.dst_start)))
-        exc = cost_terms.exchange_cycles(chip, int(sent.max()), int(recv.max()))
-    return comp, exc, cost_terms.sync_cycles(chip)
 
 
 def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reserved: dict[str, np.ndarray],

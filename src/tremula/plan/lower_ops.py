@@ -18,8 +18,8 @@ from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make
 from tremula.plan.layers import SharedLayers
 from tremula.plan.lower_attention import AttentionLowering, head_views
 from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, reshape_free, view2d
-from tremula.plan.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
-from tremula.plan import cost_terms
+from tremula.target.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
+from tremula.target import cost_terms
 from tremula.plan.state import LoweringState, SymConst, SymStream
 from tremula.plan.strategies import (
     ROW_BLOCK_FRACTION,

@@ -25,7 +25,7 @@ import numpy as np
 
 from tremula.plan.layers import layer_key
 from tremula.plan.state import LoweringState
-from tremula.program import PATCH_WORD_BYTES
+from tremula.target.overheads import PATCH_WORD_BYTES
 
 I64 = np.int64
 

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tremula.plan import cost_terms
+from tremula.target import cost_terms
 
 WEIGHT_FRACTION = 0.5  # of a tile's SRAM that all resident matmul weights together may take
 TEMP_FRACTION = 0.12  # of a tile's SRAM that one op's gathered operand block may take (serial splits beyond that)
@@ -84,7 +84,7 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
     re-points per row only when the slice comes from several source blocks; the sender re-points per row when its
     blocks are wider than the slice, and that send is multicast to the pn tiles that share the slice.
     """
-    from tremula.plan.overheads import BYTES_PER_OPERAND, BYTES_PER_PARAM, VERTEX_HEADER_BYTES
+    from tremula.target.overheads import BYTES_PER_OPERAND, BYTES_PER_PARAM, VERTEX_HEADER_BYTES
 
     instr = getattr(chip, "exchange_instruction_bytes", 4)
     vs = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * (3 + bias) + BYTES_PER_PARAM

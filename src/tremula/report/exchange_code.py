@@ -1,8 +1,8 @@
 """Exchange code per tile from the scheduled timetables, set against the memory plan's estimate of it.
 
-The memory plan reserves exchange code per whole transfer by the chip's encoding model (plan/overheads.reserved_bytes;
+The memory plan reserves exchange code per whole transfer by the chip's encoding model (target/overheads.reserved_bytes;
 chip file [exchange_code], ipu-stack-facts §1.2). A timetable splits transfers into chunks and orders each tile's
-receives in time; each chunk needs its own sends and receives by the same model (plan/overheads.chunk_code_bytes), so
+receives in time; each chunk needs its own sends and receives by the same model (target/overheads.chunk_code_bytes), so
 the timetables' code is what a loaded program would hold. This only reports the difference (largest tile of each, the
 largest ratio, and the fullest tile if the plan had used the timetables' code); the memory plan itself is unchanged.
 """

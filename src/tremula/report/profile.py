@@ -1,9 +1,9 @@
 """Build a typed Profile (summary, per-op rows, per-step rows, per-tile memory, liveness) from a compiled Program.
 
-Every number comes from the Program and the one cost model: per-tile compute cycles are the codelets' own cycle
-estimates summed per tile exactly as `plan.finalize.step_cycles` does (so the busiest tile here IS the step's compute
-cost), exchange and sync cycles are `step_cycles`' own, and memory comes from the Program's BufferTable and
-reserved bytes. Nothing here is a second cost model.
+Every number comes from the Program and the one cost model: a step's per-tile compute, exchange and sync cycles are
+`target.step_cost.price_step`'s, the function the compile's totals charge (so the busiest tile here IS the step's
+compute cost), and memory comes from the Program's BufferTable and reserved bytes. Nothing here is a second cost
+model.
 
 When the exchanges were scheduled (timing.program_schedule), each step's exchange is charged its timetable's makespan
 instead of the planner's bound, the bound and the ratio are kept beside it, and the timetables' exchange code is set
@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tremula import cost
-from tremula.codelets import codelet
+import tremula.codelets  # noqa: F401  (registers each codelet's cycle estimate, which price_step charges)
 from tremula.ir.graph import Graph, Node
 from tremula.ir.ops import flops as op_flops
-from tremula.plan import cost_terms
-from tremula.plan.finalize import step_cycles
 from tremula.program import Program, Step
 from tremula.report.exchange_code import ExchangeCode, exchange_code
+from tremula.target import cost, cost_terms
+from tremula.target.step_cost import distinct_vertices, price_step
 from tremula.timing.program_schedule import StepExchange, summarize
 
 I64 = np.int64
@@ -91,7 +90,7 @@ class StepRow:
     live_peak_tile_bytes: int  # max over tiles of live data + reserved bytes during the step
     live_total_bytes: int  # live data bytes summed over all tiles during the step
     codelets: tuple[str, ...]
-    priced_exchange: int | None = None  # the planner's bound for this exchange (step_cycles); build_profile sets it
+    priced_exchange: int | None = None  # the planner's bound for this exchange (price_step); build_profile sets it
     exchange_makespan: int | None = None  # the scheduled timetable's cycles (None: not scheduled, or no exchange)
     exchange_lower_bound: int | None = None  # the timetable's lower bound (busiest port, bus groups counted)
     exchange_ratio: float | None = None  # makespan / lower bound
@@ -180,35 +179,24 @@ def _amp_parts(chip, codelet_name: str, shapes, dtype: str) -> tuple[int, float]
     return int(amp), float(ideal)
 
 
-def tile_cycles(chip, step: Step, tiles: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(compute cycles, vertex count, AMP cycles, ideal AMP cycles) per tile of one step; compute is summed exactly
-    as step_cycles does."""
-    cyc = np.zeros(tiles, I64)
+def tile_work(chip, step: Step, tiles: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(vertex count, AMP cycles, ideal AMP cycles) per tile of one step: what its compute cycles
+    (target/step_cost.price_step) are made of."""
     nv = np.zeros(tiles, I64)
     amp = np.zeros(tiles, I64)
     ideal = np.zeros(tiles, np.float64)
     for g in step.compute:
         if not len(g):
             continue
-        cl = codelet(g.codelet)
-        keys = np.concatenate([g.params, g.shapes.reshape(len(g), -1)], axis=1)
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
-        p = g.params.shape[1]
-        shapes = [[tuple(int(y) for y in s) for s in u[p:].reshape(-1, 2)] for u in uniq]
-        vc = np.array([cl.cycles(chip, tuple(int(x) for x in u[:p]), sh, g.dtypes) for u, sh in zip(uniq, shapes)],
-                      I64)
-        cyc += np.bincount(g.tiles, weights=vc[inv], minlength=tiles).astype(I64)
         nv += np.bincount(g.tiles, minlength=tiles).astype(I64)
         if g.codelet in MATMUL_CODELETS + ATTENTION_CODELETS:
+            _, shapes, inv = distinct_vertices(g)
             parts = [_amp_parts(chip, g.codelet, sh, g.dtypes[0]) for sh in shapes]
             va = np.array([p[0] for p in parts], I64)
             vi = np.array([p[1] for p in parts], np.float64)
             amp += np.bincount(g.tiles, weights=va[inv], minlength=tiles).astype(I64)
             ideal += np.bincount(g.tiles, weights=vi[inv], minlength=tiles)
-    if step.call is not None:  # as step_cycles: a shared layer's call rewrites its fields first
-        cyc += cost_terms.call_cycles(step.patch_words(tiles), step.base_tiles(tiles))
-    return cyc, nv, amp, ideal
+    return nv, amp, ideal
 
 
 def _amp_in(dtype: str) -> str:
@@ -258,7 +246,7 @@ def _reserved_split(program: Program, chip=None) -> dict[str, np.ndarray]:
     # more: plan/finalize._check_reserved); counted from the Program's steps when no reservation was kept.
     if program.reserved_split:
         return {k: np.asarray(program.reserved_split[k], I64) for k in RESERVED}
-    from tremula.plan.overheads import reserved_bytes
+    from tremula.target.overheads import reserved_bytes
 
     split = reserved_bytes(program.tiles, program.steps, chip)
     return {k: np.asarray(split[k], I64) for k in RESERVED}
@@ -315,20 +303,18 @@ def step_rows(program: Program, chip, keep_tile_cycles: bool = True,
     step_tiles: list[np.ndarray] = []
     t0 = 0
     for k, s in enumerate(program.steps):
-        comp, priced, sync = step_cycles(chip, s)
+        price = price_step(chip, s, T)
+        comp, priced, sync = price.cycles
         sx = scheduled.get(k)
         exch = sx.makespan if sx is not None else priced
-        cyc, nv, amp, ideal = tile_cycles(chip, s, T)
+        cyc = price.tile_compute
+        nv, amp, ideal = tile_work(chip, s, T)
         used = nv > 0
         busiest = int(np.argmax(cyc)) if used.any() else -1
         mean = float(cyc[used].mean()) if used.any() else 0.0
         ex = s.exchange
         sent_total = int((ex.rows * ex.row_bytes).sum()) if len(ex) else 0
-        max_sent = max_recv = 0
-        if len(ex):
-            nb = ex.rows * ex.row_bytes
-            max_sent = int(np.bincount(ex.src_tile, weights=nb).max())
-            max_recv = int(np.bincount(ex.d_tile, weights=np.repeat(nb, np.diff(ex.dst_start))).max())
+        max_sent, max_recv = price.max_sent, price.max_received
         lt = np.maximum(live_total[2 * k + 1], live_total[2 * k + 2])  # half-steps 2k and 2k+1 (rows shifted by 1)
         op, target = label_target(s.label)
         rows.append(StepRow(

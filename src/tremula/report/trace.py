@@ -55,7 +55,7 @@ def trace_input(profile_or_program, chip=None) -> TraceInput:
 
         prog = profile_or_program
         if chip is None:
-            from tremula.chip import load_chip
+            from tremula.target.chip import load_chip
 
             chip = load_chip(prog.chip)
         rows, per_tile, _ = step_rows(prog, chip)

@@ -1,4 +1,5 @@
-"""Timing: exchange timetables (scheduler and verifier), the AMP microbenchmark and the calibration table."""
+"""Timing: exchange timetables (scheduler and verifier) and the AMP and matmul-vertex microbenchmarks (calibration
+against published measurements, which compiles whole models, is the driver's: tremula/calibrate.py)."""
 
 from tremula.timing.timetable import Timetable, schedule_exchange
 from tremula.timing.verify import TimetableError, chunk_segments, replay_order, verify_timetable

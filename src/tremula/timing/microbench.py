@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tremula.chip import Chip
-from tremula.cost import amp_matmul_cycles
 from tremula.errors import TremulaError
+from tremula.target.chip import Chip
+from tremula.target.cost import amp_matmul_cycles
 
 # Measured on a Bow IPU, every one of 1472 tiles running one FP16 [N,16]x[16,16] AMP vertex with FP16 accumulation, no
 # exchange, cycle-counter overhead subtracted: N -> TFLOP/s. ipu-hardware.md §3 [M] (tessellate-ipu peak-FLOPS
@@ -66,7 +66,7 @@ MEASURED_MATMUL_CYCLES: dict[tuple[str, str, int, int, int], tuple[int, str]] = 
     ("c600", "fp8", 57, 128, 80): (8_124, f"{_FACTS} SigLIP PV FP8 (GEMM_UTILIZATION 5f29bea)"),
 }
 
-# The accumulation each input type gets in a Program (plan/cost_terms.matmul_cycles): fp16 accumulates in float on
+# The accumulation each input type gets in a Program (target/cost_terms.matmul_cycles): fp16 accumulates in float on
 # the AMP, FP8 on the C600's quarter -> half path, the only FP8 path it has.
 PLANNER_PARTIALS = {"fp16": "float", "fp8": "half"}
 _ACC = {"half": "float16", "float": "float32"}

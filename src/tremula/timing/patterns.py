@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tremula.chip import Chip
 from tremula.program import TransferTable
+from tremula.target.chip import Chip
 
 I64 = np.int64
 

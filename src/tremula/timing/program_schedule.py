@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tremula.chip import Chip
 from tremula.program import Program
+from tremula.target.chip import Chip
 from tremula.timing.timetable import schedule_exchange
 
 

@@ -43,7 +43,7 @@ The chip's fixed exchange cost is added once: chunk times are from the start of 
 exchange_fixed_cycles + the last chunk's end (0 when nothing moves, as cost.exchange_cycles).
 
 Exchange code: the chunks are priced by the encoding model the memory plan reserves with (chip file [exchange_code],
-ipu-stack-facts §1.2; plan/overheads.chunk_code_bytes), so splitting a transfer or receiving out of address order
+ipu-stack-facts §1.2; target/overheads.chunk_code_bytes), so splitting a transfer or receiving out of address order
 shows up as the code it costs (Timetable.exchange_code_bytes).
 
 Repeated layers: a step's flows are computed once per traffic pattern up to tile names (patterns.py) and its
@@ -59,9 +59,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tremula.chip import Chip
-from tremula.plan.overheads import chunk_code_bytes
 from tremula.program import TransferTable
+from tremula.target.chip import Chip
+from tremula.target.overheads import chunk_code_bytes
 from tremula.timing.konig import KONIG_MAX_FLOWS, konig_schedule, receiver_classes
 from tremula.timing.patterns import canonical_pattern
 from tremula.timing.placement import greedy_pieces
@@ -78,7 +78,7 @@ class Timetable:
     itself, or a bus-group neighbour that is also a destination of the same transfer.
 
     send_code, recv_code and phase_code are the exchange code the chunks need per tile, priced when scheduled by the
-    chip's encoding model (plan/overheads.chunk_code_bytes); None while not priced (the cached timetables of renamed
+    chip's encoding model (target/overheads.chunk_code_bytes); None while not priced (the cached timetables of renamed
     tables: each step's code is counted from its own table).
     """
 
@@ -108,7 +108,7 @@ class Timetable:
         [exchange_code], ipu-stack-facts §1.2) applied to the chunks this timetable runs: per chunk, a send per
         contiguous run of its source (with continuations past send_words words) and a receive per destination (a
         pointer reset per further row of a strided destination and when it does not continue its tile's previous
-        receive in time), plus a phase entry and return on every tile taking part (plan/overheads.chunk_code_bytes).
+        receive in time), plus a phase entry and return on every tile taking part (target/overheads.chunk_code_bytes).
         `chip` must be the chip the timetable was scheduled for: its table priced the code then."""
         del chip  # priced at scheduling time; kept in the signature for the callers
         return self.send_code + self.recv_code + self.phase_code

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula.chip import Chip
 from tremula.errors import TremulaError
 from tremula.program import TransferTable
+from tremula.target.chip import Chip
 from tremula.timing.timetable import Timetable, unique_ports
 
 I64 = np.int64

@@ -46,7 +46,8 @@ class AmpPair:
     """One AMP (accumulating matrix product) configuration: input type -> accumulator type.
 
     MAC/cycle/tile = conv_units * weights_per_conv_unit / core_loop_worker_cycles (6 workers each issue once per 6
-    tile cycles, so worker and tile rates cancel). The rest are the ConvPartial1x1 vertex's overheads (see cost.py).
+    tile cycles, so worker and tile rates cancel). The rest are the ConvPartial1x1 vertex's overheads (see
+    target/cost.py).
     """
 
     in_dtype: str
@@ -86,7 +87,7 @@ class VectorOp:
 @dataclass(frozen=True)
 class ExchangeCode:
     """Bytes of exchange and control instructions per tile: the encoding model of ipu-stack-facts §1.2 (chip file
-    table [exchange_code]); plan/overheads.py applies it to transfer tables."""
+    table [exchange_code]); target/overheads.py applies it to transfer tables."""
 
     send_bytes: int  # one send: address set-up + send, carrying up to send_words words
     send_words: int

@@ -1,14 +1,14 @@
-"""Cost terms the planner and the codelets need, written on top of `tremula.cost` (the one cost model) and the Chip.
+"""Cost terms the planner and the codelets need, written on top of `target.cost` (the one cost model) and the Chip.
 
-`tremula.cost` prices the popops vector ops the chip files list; the codelets here also need a few kinds those tables
-do not have, priced as the nearest listed instruction sequence (KIND_ALIAS says which, and why).
+`target.cost` prices the popops vector ops the chip files list; the codelets also need a few kinds those tables do
+not have, priced here as the nearest listed instruction sequence (KIND_ALIAS says which, and why).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tremula import cost
+from tremula.target import cost
 
 # kind -> list of (chip vector op, how many passes). Comparisons/select/logic are one 64-bit vector instruction per
 # loop like max; reciprocal is a divide; erf and pow have no popops entry: a few-term polynomial / exp(y log x).

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tremula.chip import load_chip
 from tremula.errors import TremulaError
+from tremula.target.chip import load_chip
 from tremula.timing.microbench import MEASURED_AMP_SOURCE, MEASURED_AMP_TFLOPS, amp_point
 from tremula.timing.timetable import stream_rate
 

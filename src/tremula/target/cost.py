@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from tremula.chip import AmpPair, Chip, normalize_dtype
 from tremula.errors import TremulaError
+from tremula.target.chip import AmpPair, Chip, normalize_dtype
 
 
 def _count(name: str, value: int) -> int:

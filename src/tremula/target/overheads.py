@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula.program import PATCH_WORD_BYTES
-
 # Code bytes per distinct codelet on a tile. Basis: a Poplar vertex is a few hundred instructions of 4 or 8 bytes
 # (poplibs' hand-written assembly for ConvPartial1x1 runs to ~1000 lines incl. the supervisor and worker paths; an
 # element-wise popops vertex ~100-250 lines). Code must live in the non-interleaved region (ref §2).
@@ -31,6 +29,7 @@ BASE_CODE_BYTES = 2048
 VERTEX_HEADER_BYTES = 8
 BYTES_PER_OPERAND = 8
 BYTES_PER_PARAM = 4
+PATCH_WORD_BYTES = 4  # one vertex field a shared layer's call rewrites (program.FieldPatch): a 32-bit pointer or scalar
 # Exchange code without a chip: 16 bytes per transfer on each tile taking part (sender and every receiver), about
 # a send and a receive of the chip model below with a pointer reset each. With a chip, its [exchange_code] table
 # (the encoding model of ipu-stack-facts §1.2, validated there at -14 .. +17.5 % on encoded rows) prices them.

@@ -1,0 +1,24 @@
+"""Suite-wide settings. The README's test command runs on two pytest-xdist workers (pyproject's addopts, `-n 2`:
+these machines have two cores); each worker then gets one BLAS and one OpenMP thread, since two workers each
+spinning two threads on two cores run slower than either alone. Set before the workers start, so their NumPy,
+onnxruntime and torch read it when they load. A serial run (`-n 0`) keeps every library's default.
+
+xdist workers start with COLUMNS=80 in their environment; the CLI reads COLUMNS as the user's wish for a width, so a
+worker drops it unless the run itself had it."""
+
+import os
+
+_NO_COLUMNS = "TREMULA_TESTS_WITHOUT_COLUMNS"
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        if os.environ.pop(_NO_COLUMNS, None):
+            os.environ.pop("COLUMNS", None)
+        return
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and workers not in ("auto", "logical") and int(workers) > 1:
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
+        if "COLUMNS" not in os.environ:
+            os.environ[_NO_COLUMNS] = "1"

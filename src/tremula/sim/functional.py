@@ -176,15 +176,6 @@ def _stacks(g: VertexGroup, cl: Codelet, nbytes: np.ndarray) -> list[np.ndarray]
     return out
 
 
-def _zeros(shape: tuple[int, int]) -> np.ndarray:
-    """Zeroed bytes in huge pages. np.zeros takes calloc's pages, 4 KiB at a time on a kernel whose transparent huge
-    pages are opt-in (madvise): a C600's 900 MB of tile memory then costs about 230,000 page faults, 1.5-2.5 s of a
-    base model's simulation here. NumPy's own allocator advises huge pages for big arrays; filling them is a memset."""
-    a = np.empty(shape, np.uint8)
-    a.fill(0)
-    return a
-
-
 class Machine:
     def __init__(self, program: Program, check: bool = True):
         self.p = program
@@ -196,9 +187,9 @@ class Machine:
         # Word views of the whole memory need a multiple of 8 bytes, and so do those of the written map (one bit a
         # byte): 64. (A 1-tile chip whose memory was 24 bytes had a 3-byte map, and its 2-byte view failed.)
         self.size = (self.size + 63) // 64 * 64
-        self.mem = _zeros((program.tiles, self.size))
+        self.mem = np.zeros((program.tiles, self.size), np.uint8)
         # One bit per byte (bit j of map byte i is memory byte 8i + j): an eighth of the bytes to scatter and gather.
-        self.written = _zeros((program.tiles, self.size // 8)) if check else None
+        self.written = np.zeros((program.tiles, self.size // 8), np.uint8) if check else None
 
     # ------------------------------------------------------------------------------------------------ bytes
     @staticmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.ir.ops import _erf, _gelu, _sigmoid
+from tremula.ir.ops import BINARY_KERNELS, COMPARE_KERNELS, _erf, _gelu, _sigmoid
 from tremula.target import cost_terms
 
 UNARY: dict[str, object] = {
@@ -23,12 +23,10 @@ _UNARY_FNS = list(UNARY.values())
 _UNARY_KIND = ["neg", "abs", "exp", "log", "sqrt", "reciprocal", "tanh", "erf", "sigmoid", "relu", "not", "copy",
                "cast", "gelu", "gelu"]
 
-BINARY: dict[str, object] = {
-    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply,
-    "Div": lambda x, y: (x // y) if np.issubdtype(x.dtype, np.integer) else np.divide(x, y),
-    "Pow": lambda x, y: np.power(x, y).astype(x.dtype), "Max": np.maximum, "Min": np.minimum, "Mod": np.fmod,
-    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "And": np.logical_and, "Or": np.logical_or,
-}
+# The reference's own kernels (ir/ops.py), in the order whose index a Program stores as the op id.
+BINARY: dict[str, object] = {**BINARY_KERNELS, **COMPARE_KERNELS}
+assert list(BINARY) == ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "Greater", "And",
+                        "Or"], "binary op ids are stored in Programs: append new ops, never reorder"
 BINARY_IDS = {name: i for i, name in enumerate(BINARY)}
 _BINARY_FNS = list(BINARY.values())
 _BINARY_KIND = ["add", "sub", "mul", "div", "pow", "max", "min", "mod", "cmp", "cmp", "cmp", "and", "or"]

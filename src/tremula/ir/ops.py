@@ -78,7 +78,9 @@ def _same(ins: list[TensorType], a: Attrs) -> list[TensorType]:
 
 # ---------------------------------------------------------------------------------------------------- element-wise
 
-_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+# The element-wise kernels: the reference rules below and the simulator's codelets (codelets/elementwise.py) both call
+# these, so an op computes the same in both (integer Div once floored in the codelet and truncated here).
+BINARY_KERNELS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add,
     "Sub": np.subtract,
     "Mul": np.multiply,
@@ -91,7 +93,7 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Min": np.minimum,
     "Mod": np.fmod,
 }
-for _name, _fn in _BINARY.items():
+for _name, _fn in BINARY_KERNELS.items():
     _row(
         _name,
         lambda ins, a: [TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape)), ins[0].dtype)],
@@ -100,8 +102,9 @@ for _name, _fn in _BINARY.items():
         (2, 2),
     )
 
-_COMPARE = {"Equal": np.equal, "Less": np.less, "Greater": np.greater, "And": np.logical_and, "Or": np.logical_or}
-for _name, _fn in _COMPARE.items():
+COMPARE_KERNELS = {"Equal": np.equal, "Less": np.less, "Greater": np.greater, "And": np.logical_and,
+                   "Or": np.logical_or}
+for _name, _fn in COMPARE_KERNELS.items():
     _row(
         _name,
         lambda ins, a: [TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape)), "bool")],

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tremula.codelets import codelet
-from tremula.codelets.elementwise import BINARY, BINARY_IDS
+from tremula.codelets.elementwise import BINARY, BINARY_IDS, UNARY, UNARY_IDS
 from tremula.ir.ops import rule
 
 
@@ -28,3 +28,14 @@ def test_integer_div_truncates_toward_zero_in_the_codelet():
     out = np.zeros_like(a)
     codelet("binary").run([a, b, out], (BINARY_IDS["Div"],))
     assert out.tolist() == [[-3, 3, 3, -3]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op", sorted(set(UNARY) - {"Cast", "GeluTanh", "Not"}))
+def test_unary_codelet_matches_the_reference(op, dtype):
+    x = np.random.default_rng(5).uniform(0.1, 3.0, (3, 7)).astype(dtype)  # positive: Log and Sqrt defined
+    x[0] *= -1 if op not in ("Log", "Sqrt") else 1
+    want = np.asarray(rule(op).ref([x], {})[0])
+    out = np.zeros(want.shape, want.dtype)
+    codelet("unary").run([x, out], (UNARY_IDS[op],))
+    assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), op

@@ -1,6 +1,7 @@
 """Element-wise codelets (unary, binary with 2-D broadcasting, where, cast) on rows held by one tile.
 
-Each mirrors the formula of the op's reference row in `tremula.ir.ops` so results agree bit for bit where NumPy allows.
+Each calls the kernel of the op's reference row in `tremula.ir.ops` (UNARY_KERNELS, BINARY_KERNELS, ...), so the
+simulator and the reference interpreter compute an op with one definition.
 Operands are stacks of vertices ([n, rows, cols]); the op id is a uniform param, so one call applies one function.
 """
 
@@ -9,24 +10,22 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.ir.ops import BINARY_KERNELS, COMPARE_KERNELS, _erf, _gelu, _sigmoid
+from tremula.ir.ops import BINARY_KERNELS, COMPARE_KERNELS, GELU_KERNELS, UNARY_KERNELS
 from tremula.target import cost_terms
 
-UNARY: dict[str, object] = {
-    "Neg": np.negative, "Abs": np.abs, "Exp": np.exp, "Log": np.log, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
-    "Tanh": np.tanh, "Erf": _erf, "Sigmoid": _sigmoid, "Relu": lambda x: np.maximum(x, 0).astype(x.dtype),
-    "Not": np.logical_not, "Identity": lambda x: x, "Cast": lambda x: x,
-    "Gelu": lambda x: _gelu(x, "none"), "GeluTanh": lambda x: _gelu(x, "tanh"),
-}
+# The reference's own kernels (ir/ops.py) by name. A Program stores an op's index in this order as its op id: a new
+# op is appended, never inserted. Cast converts in the output's assignment.
+_UNARY_ORDER = ("Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Erf", "Sigmoid", "Relu", "Not", "Identity",
+                "Cast", "Gelu", "GeluTanh")
+UNARY: dict[str, object] = {n: {**UNARY_KERNELS, "Cast": lambda x: x, **GELU_KERNELS}[n] for n in _UNARY_ORDER}
 UNARY_IDS = {name: i for i, name in enumerate(UNARY)}
 _UNARY_FNS = list(UNARY.values())
 _UNARY_KIND = ["neg", "abs", "exp", "log", "sqrt", "reciprocal", "tanh", "erf", "sigmoid", "relu", "not", "copy",
                "cast", "gelu", "gelu"]
 
-# The reference's own kernels (ir/ops.py), in the order whose index a Program stores as the op id.
-BINARY: dict[str, object] = {**BINARY_KERNELS, **COMPARE_KERNELS}
-assert list(BINARY) == ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "Greater", "And",
-                        "Or"], "binary op ids are stored in Programs: append new ops, never reorder"
+# As UNARY: the reference's kernels in the stored order of their op ids.
+_BINARY_ORDER = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "Greater", "And", "Or")
+BINARY: dict[str, object] = {n: {**BINARY_KERNELS, **COMPARE_KERNELS}[n] for n in _BINARY_ORDER}
 BINARY_IDS = {name: i for i, name in enumerate(BINARY)}
 _BINARY_FNS = list(BINARY.values())
 _BINARY_KIND = ["add", "sub", "mul", "div", "pow", "max", "min", "mod", "cmp", "cmp", "cmp", "and", "or"]

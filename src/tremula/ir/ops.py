@@ -139,6 +139,7 @@ _UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], int]] = {
     "Not": (np.logical_not, 0),
     "Identity": (lambda x: x, 0),
 }
+UNARY_KERNELS = {name: fn for name, (fn, _) in _UNARY.items()}  # what the codelets call, as BINARY_KERNELS
 for _name, (_fn, _k) in _UNARY.items():
     _row(_name, _same, (lambda fn: lambda xs, a: [np.asarray(fn(xs[0])).astype(xs[0].dtype)])(_fn), _per_output(_k),
          (1, 1))
@@ -291,6 +292,8 @@ def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
 
 
 _row("Gelu", _same, lambda xs, a: [_gelu(xs[0], a.get("approximate", "none"))], _per_output(8), (1, 1))
+# The codelets' two Gelu kernels (one per `approximate`: the codelet's op id picks the formula).
+GELU_KERNELS = {"Gelu": lambda x: _gelu(x, "none"), "GeluTanh": lambda x: _gelu(x, "tanh")}
 
 
 def _attention_type(ins, a):

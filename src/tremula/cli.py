@@ -270,7 +270,8 @@ def _mfu(res, chip, model: str, seq_len) -> float:
     seconds = res.latency_cycles / chip.clock_hz  # the time throughput charges, host I/O included
     if not seconds:
         return 0.0
-    flops = describe(canonical(load_model(model, batch=res.batch, seq_len=seq_len))).flops
+    source = res.source if res.source is not None else load_model(model, batch=res.batch, seq_len=seq_len)
+    flops = describe(canonical(source)).flops  # the compile's own graph: the model is not loaded again
     return flops / seconds / chip.peak_flops(res.dtype)
 
 
@@ -458,7 +459,7 @@ def compile_cmd(
         from tremula.frontends import load_model
         from tremula.report import report_paths
 
-        graph = load_model(model, batch=res.batch, seq_len=seq_len)
+        graph = res.source if res.source is not None else load_model(model, batch=res.batch, seq_len=seq_len)
         # With timetables the profile charges each exchange its scheduled makespan instead of the planner's bound.
         profile = report_paths(res, graph, c, html=report, trace=trace, model=model, exchanges=exchanges)
     if json_out:

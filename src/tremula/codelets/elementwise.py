@@ -17,7 +17,8 @@ from tremula.target import cost_terms
 # op is appended, never inserted. Cast converts in the output's assignment.
 _UNARY_ORDER = ("Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Erf", "Sigmoid", "Relu", "Not", "Identity",
                 "Cast", "Gelu", "GeluTanh")
-UNARY: dict[str, object] = {n: {**UNARY_KERNELS, "Cast": lambda x: x, **GELU_KERNELS}[n] for n in _UNARY_ORDER}
+_UNARY_BY_NAME = {**UNARY_KERNELS, "Cast": lambda x: x, **GELU_KERNELS}
+UNARY: dict[str, object] = {n: _UNARY_BY_NAME[n] for n in _UNARY_ORDER}
 UNARY_IDS = {name: i for i, name in enumerate(UNARY)}
 _UNARY_FNS = list(UNARY.values())
 _UNARY_KIND = ["neg", "abs", "exp", "log", "sqrt", "reciprocal", "tanh", "erf", "sigmoid", "relu", "not", "copy",
@@ -25,7 +26,8 @@ _UNARY_KIND = ["neg", "abs", "exp", "log", "sqrt", "reciprocal", "tanh", "erf", 
 
 # As UNARY: the reference's kernels in the stored order of their op ids.
 _BINARY_ORDER = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "Greater", "And", "Or")
-BINARY: dict[str, object] = {n: {**BINARY_KERNELS, **COMPARE_KERNELS}[n] for n in _BINARY_ORDER}
+_BINARY_BY_NAME = {**BINARY_KERNELS, **COMPARE_KERNELS}
+BINARY: dict[str, object] = {n: _BINARY_BY_NAME[n] for n in _BINARY_ORDER}
 BINARY_IDS = {name: i for i, name in enumerate(BINARY)}
 _BINARY_FNS = list(BINARY.values())
 _BINARY_KIND = ["add", "sub", "mul", "div", "pow", "max", "min", "mod", "cmp", "cmp", "cmp", "and", "or"]

@@ -414,12 +414,12 @@ class Machine:
         self._bounds(f"step {k} exchange source", *src)
         # A destination's rows lie between its first and last row's addresses: bounds checked at both ends.
         ti = np.repeat(np.arange(n), nd)
-        last = np.maximum(rows[ti] - 1, 0) * ex.d_stride
+        drows = rows[ti]
+        last = np.maximum(drows - 1, 0) * ex.d_stride
         for a in (ex.d_addr, ex.d_addr + last):
             self._bounds(f"step {k} exchange destination", ex.d_tile, a, ex.row_bytes[ti])
         if self.check:
             # One entry per (transfer, destination, row) for the overlap check.
-            drows = rows[ti]
             di = np.repeat(np.arange(len(ti)), drows)
             d_local = np.arange(len(di)) - np.repeat(np.cumsum(drows) - drows, drows)
             dst_t = ex.d_tile[di].astype(np.int64)

@@ -1,7 +1,7 @@
 """Element-wise codelets (unary, binary with 2-D broadcasting, where, cast) on rows held by one tile.
 
-Each calls the kernel of the op's reference row in `tremula.ir.ops` (UNARY_KERNELS, BINARY_KERNELS, ...), so the
-simulator and the reference interpreter compute an op with one definition.
+Each calls the kernel of the op's row in `tremula.ir.ops` (its `kernels`, with the op ids a Program stores, and its
+`cost`), so the simulator and the reference interpreter compute an op with one definition.
 Operands are stacks of vertices ([n, rows, cols]); the op id is a uniform param, so one call applies one function.
 """
 
@@ -10,27 +10,27 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.ir.ops import BINARY_KERNELS, COMPARE_KERNELS, GELU_KERNELS, UNARY_KERNELS
+from tremula.ir.ops import OPS
 from tremula.target import cost_terms
 
-# The reference's own kernels (ir/ops.py) by name. A Program stores an op's index in this order as its op id: a new
-# op is appended, never inserted. Cast converts in the output's assignment.
-_UNARY_ORDER = ("Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Erf", "Sigmoid", "Relu", "Not", "Identity",
-                "Cast", "Gelu", "GeluTanh")
-_UNARY_BY_NAME = {**UNARY_KERNELS, "Cast": lambda x: x, **GELU_KERNELS}
-UNARY: dict[str, object] = {n: _UNARY_BY_NAME[n] for n in _UNARY_ORDER}
+
+def _bound(name: str) -> tuple[dict[str, object], list[tuple[tuple[str, int], ...]]]:
+    """The kernels the codelet `name` runs, by variant in the order of their op ids (the ids a Program stores, given
+    in each op's row of ir/ops.py), and each one's cost per element."""
+    rows = sorted((op_id, variant, fn, d.cost) for d in OPS.values() if d.codelet == name
+                  for variant, op_id, fn in d.kernels)
+    if [r[0] for r in rows] != list(range(len(rows))):
+        raise AssertionError(f"the {name} codelet's op ids are not 0..{len(rows) - 1}: {[r[:2] for r in rows]}")
+    return {variant: fn for _, variant, fn, _ in rows}, [c for *_, c in rows]
+
+
+UNARY, _UNARY_COST = _bound("unary")
 UNARY_IDS = {name: i for i, name in enumerate(UNARY)}
 _UNARY_FNS = list(UNARY.values())
-_UNARY_KIND = ["neg", "abs", "exp", "log", "sqrt", "reciprocal", "tanh", "erf", "sigmoid", "relu", "not", "copy",
-               "cast", "gelu", "gelu"]
-
-# As UNARY: the reference's kernels in the stored order of their op ids.
-_BINARY_ORDER = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "Greater", "And", "Or")
-_BINARY_BY_NAME = {**BINARY_KERNELS, **COMPARE_KERNELS}
-BINARY: dict[str, object] = {n: _BINARY_BY_NAME[n] for n in _BINARY_ORDER}
+BINARY, _BINARY_COST = _bound("binary")
 BINARY_IDS = {name: i for i, name in enumerate(BINARY)}
 _BINARY_FNS = list(BINARY.values())
-_BINARY_KIND = ["add", "sub", "mul", "div", "pow", "max", "min", "mod", "cmp", "cmp", "cmp", "and", "or"]
+_WHERE_COST = OPS["Where"].cost
 
 
 _TABLES: dict[tuple[int, str, str], np.ndarray] = {}
@@ -62,7 +62,7 @@ def _unary(ops, params) -> None:
 
 def _unary_cycles(chip, params, shapes, dtypes) -> int:
     r, c = shapes[-1]
-    return cost_terms.vector_cycles(chip, _UNARY_KIND[params[0]], r * c, dtypes[-1])
+    return cost_terms.sequence_cycles(chip, _UNARY_COST[params[0]], r * c, dtypes[-1])
 
 
 def _binary(ops, params) -> None:
@@ -72,7 +72,7 @@ def _binary(ops, params) -> None:
 
 def _binary_cycles(chip, params, shapes, dtypes) -> int:
     r, c = shapes[-1]
-    return cost_terms.vector_cycles(chip, _BINARY_KIND[params[0]], r * c, dtypes[0])
+    return cost_terms.sequence_cycles(chip, _BINARY_COST[params[0]], r * c, dtypes[0])
 
 
 def _where(ops, params) -> None:
@@ -82,7 +82,7 @@ def _where(ops, params) -> None:
 
 def _where_cycles(chip, params, shapes, dtypes) -> int:
     r, c = shapes[-1]
-    return cost_terms.vector_cycles(chip, "select", r * c, dtypes[-1])
+    return cost_terms.sequence_cycles(chip, _WHERE_COST, r * c, dtypes[-1])
 
 
 register("unary", _unary, (-1,), _unary_cycles, uniform=(0,))

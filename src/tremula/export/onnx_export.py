@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph, Node, TensorType
+from tremula.ir.ops import OPS
 
 MIN_OPSET, MAX_OPSET = 17, 21  # 17: first with LayerNormalization; 21: newest the importer also reads
 INT64_MIN = np.iinfo(np.int64).min
@@ -94,15 +95,9 @@ def _conv(*names: str):
 # ------------------------------------------------------------------------------------------------------- one-to-one ops
 
 
-@_conv("Add", "Sub", "Mul", "Pow", "Max", "Min", "Equal", "Less", "Greater", "And", "Or", "Where", "MatMul")
-@_conv("Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Erf", "Sigmoid", "Relu", "Not", "Identity")
+@_conv(*(name for name, d in OPS.items() if d.export == "direct"))  # (each op's row says so: ir/ops.py)
 def _direct(c: _Ctx) -> None:
-    c.em.op(c.node.op, c.ins, c.outs)
-
-
-@_conv("Div")
-def _div(c: _Ctx) -> None:
-    c.em.op("Div", c.ins, c.outs)  # ONNX integer Div truncates toward zero; the reference row does the same
+    c.em.op(c.node.op, c.ins, c.outs)  # (ONNX's integer Div truncates toward zero, as the reference row does)
 
 
 @_conv("Mod")
@@ -304,39 +299,7 @@ def _patchify(c: _Ctx) -> None:
 # --------------------------------------------------------------------------------------------------------------- driver
 
 # Ops whose reference computes float16 in float32 (or wider): exported in float32 between casts, to match it.
-_WIDEN_F16 = {
-    "Fp8Cast",
-    "Fp8Quantize",
-    "LinearFp8",
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Pow",
-    "Max",
-    "Min",
-    "Mod",
-    "Neg",
-    "Abs",
-    "Exp",
-    "Log",
-    "Sqrt",
-    "Reciprocal",
-    "Tanh",
-    "Erf",
-    "Sigmoid",
-    "Relu",
-    "MatMul",
-    "Linear",
-    "ReduceMean",
-    "ReduceSum",
-    "ReduceMax",
-    "Softmax",
-    "LayerNorm",
-    "Gelu",
-    "Attention",
-    "Conv",
-}
+_WIDEN_F16 = {name for name, d in OPS.items() if d.widen_f16}
 
 
 @_conv("Fp8Cast")

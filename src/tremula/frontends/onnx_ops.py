@@ -12,6 +12,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tremula.ir.graph import DTYPES
+from tremula.ir.ops import OPS
 
 if TYPE_CHECKING:
     from tremula.frontends.onnx_import import ImportState
@@ -224,8 +225,7 @@ def _constant_of_shape(st: ImportState, n: ONode) -> None:
 # --------------------------------------------------------------------------------------------------------- element-wise
 
 
-@_reg("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "And", "Or", "Where", "MatMul")
-@_reg("Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Erf", "Sigmoid", "Relu", "Not")
+@_reg(*(name for name, d in OPS.items() if d.onnx == "direct"))  # (each op's row says so: ir/ops.py)
 def _direct(st: ImportState, n: ONode) -> None:
     st.op(n.op_type, n.ins, n.outs)
 

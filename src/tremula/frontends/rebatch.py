@@ -18,11 +18,10 @@ import numpy as np
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, Graph, Node, TensorType
 from tremula.ir.interp import infer_types
+from tremula.ir.ops import OPS
 from tremula.model_info import model_batch
 
-_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "Greater", "And", "Or",
-                "Where", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Erf", "Sigmoid", "Relu", "Not",
-                "Identity", "Cast", "Gelu", "Fp8Cast", "Fp8Quantize"}
+_ELEMENTWISE = {name for name, d in OPS.items() if d.elementwise}  # (ir/ops.py rows)
 
 
 class CannotRebatch(TremulaError):

@@ -3,6 +3,6 @@
 from tremula.ir.builder import GraphBuilder
 from tremula.ir.graph import Constant, Graph, LazyInit, Node, TensorType
 from tremula.ir.interp import infer_types, run
-from tremula.ir.ops import OPS, OpRule
+from tremula.ir.ops import OPS, OpDef
 
-__all__ = ["Constant", "Graph", "GraphBuilder", "LazyInit", "Node", "OPS", "OpRule", "TensorType", "infer_types", "run"]
+__all__ = ["Constant", "Graph", "GraphBuilder", "LazyInit", "Node", "OPS", "OpDef", "TensorType", "infer_types", "run"]

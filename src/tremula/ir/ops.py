@@ -22,24 +22,47 @@ RefRule = Callable[[list[np.ndarray], Attrs], list[np.ndarray]]
 FlopRule = Callable[[list[TensorType], list[TensorType], Attrs], int]
 
 
+# The stages an op passes through, each named in its row (how to add an op: ARCHITECTURE.md).
+IMPORTS = ("direct", "own", "pass")  # ONNX import: the ONNX op of this name as it is (frontends/onnx_ops._direct),
+#   a converter of its own there, or made by tremula's passes only (no ONNX op of this meaning)
+EXPORTS = ("direct", "own")  # ONNX export: the ONNX op of this name as it is, or a converter of its own
+LOWERINGS = ("elementwise", "move", "rows", "own", "")  # plan/lower_ops.py: its family, a `_lower_<op>` method of
+#   its own, or "" (the planner refuses it; folding or a pass must remove it first)
+DOMAINS = ("real", "positive", "bool")  # an element-wise unary op's inputs, for its tests
+
+
 @dataclass(frozen=True)
-class OpRule:
+class OpDef:
+    """One canonical op: every stage's facts in one row."""
+
     name: str
     infer: TypeRule
     ref: RefRule
     flops: FlopRule
     n_inputs: tuple[int, int]  # (min, max) number of inputs; optional ones may be ""
     host_only: bool = False  # shape arithmetic that constant folding must remove before planning
+    onnx: str = "own"  # IMPORTS
+    export: str = "own"  # EXPORTS
+    widen_f16: bool = False  # the reference computes float16 in float32: exported in float32 between casts to match
+    elementwise: bool = False  # output element i reads element i of each (broadcast) input: any batch (rebatch)
+    lower: str = ""  # LOWERINGS
+    codelet: str = ""  # the codelet that runs it when it is element-wise ("unary", "binary", "where", "fp8_cast")
+    # (name, op id, NumPy kernel) of each variant the unary/binary codelet runs: the id is what a Program stores, so it
+    # never changes once given; the kernel is the one the reference rule calls
+    kernels: tuple[tuple[str, int, Callable[..., np.ndarray]], ...] = ()
+    cost: tuple[tuple[str, int], ...] = ()  # its codelet's work per element: (chip vector op, passes) (target/cost_terms)
+    domain: str = ""  # DOMAINS, for an element-wise unary op
 
 
-OPS: dict[str, OpRule] = {}
+OPS: dict[str, OpDef] = {}
 
 
-def _row(name: str, infer: TypeRule, ref: RefRule, flops: FlopRule, n_inputs: tuple[int, int], host_only=False):
-    OPS[name] = OpRule(name, infer, ref, flops, n_inputs, host_only)
+def _row(name: str, infer: TypeRule, ref: RefRule, flops: FlopRule, n_inputs: tuple[int, int], host_only=False,
+         **stages):
+    OPS[name] = OpDef(name, infer, ref, flops, n_inputs, host_only, **stages)
 
 
-def rule(op: str) -> OpRule:
+def rule(op: str) -> OpDef:
     try:
         return OPS[op]
     except KeyError:
@@ -78,40 +101,46 @@ def _same(ins: list[TensorType], a: Attrs) -> list[TensorType]:
 
 # ---------------------------------------------------------------------------------------------------- element-wise
 
-# The element-wise kernels: the reference rules below and the simulator's codelets (codelets/elementwise.py) both call
-# these, so an op computes the same in both (integer Div once floored in the codelet and truncated here).
-BINARY_KERNELS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "Add": np.add,
-    "Sub": np.subtract,
-    "Mul": np.multiply,
-    # Integer Div truncates toward zero, as in ONNX (C semantics), not floor like Python's //.
-    "Div": lambda x, y: (
-        (np.abs(x) // np.abs(y)) * np.sign(x) * np.sign(y) if np.issubdtype(x.dtype, np.integer) else np.divide(x, y)
-    ),
-    "Pow": lambda x, y: np.power(x, y).astype(x.dtype),
-    "Max": np.maximum,
-    "Min": np.minimum,
-    "Mod": np.fmod,
-}
-for _name, _fn in BINARY_KERNELS.items():
-    _row(
-        _name,
-        lambda ins, a: [TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape)), ins[0].dtype)],
-        (lambda fn: lambda xs, a: [np.asarray(fn(xs[0], xs[1])).astype(xs[0].dtype)])(_fn),
-        _per_output(1),
-        (2, 2),
-    )
+# The element-wise ops. The reference rule and the simulator's codelets (codelets/elementwise.py) call the same
+# kernel, so an op computes the same in both (integer Div once floored in the codelet and truncated here). A row's
+# `cost` is the chip's vector instructions per element: comparisons, select and logic are one 64-bit instruction per
+# loop like max; reciprocal is a divide; erf, pow, mod and softplus have no popops entry of their own: a few-term
+# polynomial, exp(y log x), x - y * trunc(x / y) and log(1 + exp(x)).
+_V = {op: ((op, 1),) for op in ("add", "sub", "mul", "divide", "max", "min", "neg", "exp", "log", "sqrt", "tanh",
+                                "sigmoid", "relu", "cast", "copy", "gelu")}
 
-COMPARE_KERNELS = {"Equal": np.equal, "Less": np.less, "Greater": np.greater, "And": np.logical_and,
-                   "Or": np.logical_or}
-for _name, _fn in COMPARE_KERNELS.items():
-    _row(
-        _name,
-        lambda ins, a: [TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape)), "bool")],
-        (lambda fn: lambda xs, a: [np.asarray(fn(xs[0], xs[1]))])(_fn),
-        _per_output(1),
-        (2, 2),
-    )
+
+def _int_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # Integer Div truncates toward zero, as in ONNX (C semantics), not floor like Python's //.
+    if np.issubdtype(x.dtype, np.integer):
+        return (np.abs(x) // np.abs(y)) * np.sign(x) * np.sign(y)
+    return np.divide(x, y)
+
+
+def _binary(name: str, fn, op_id: int, cost, onnx="direct", export="direct", compare=False) -> None:
+    if compare:
+        infer = lambda ins, a: [TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape)), "bool")]
+        ref = lambda xs, a: [np.asarray(fn(xs[0], xs[1]))]
+    else:
+        infer = lambda ins, a: [TensorType(tuple(np.broadcast_shapes(ins[0].shape, ins[1].shape)), ins[0].dtype)]
+        ref = lambda xs, a: [np.asarray(fn(xs[0], xs[1])).astype(xs[0].dtype)]
+    _row(name, infer, ref, _per_output(1), (2, 2), onnx=onnx, export=export, widen_f16=not compare, elementwise=True,
+         lower="elementwise", codelet="binary", kernels=((name, op_id, fn),), cost=cost)
+
+
+_binary("Add", np.add, 0, _V["add"])
+_binary("Sub", np.subtract, 1, _V["sub"])
+_binary("Mul", np.multiply, 2, _V["mul"])
+_binary("Div", _int_div, 3, _V["divide"])
+_binary("Pow", lambda x, y: np.power(x, y).astype(x.dtype), 4, (("log", 1), ("mul", 1), ("exp", 1)))
+_binary("Max", np.maximum, 5, _V["max"], onnx="own")  # (ONNX's Max and Min are variadic)
+_binary("Min", np.minimum, 6, _V["min"], onnx="own")
+_binary("Mod", np.fmod, 7, (("divide", 1), ("mul", 1), ("sub", 1)), onnx="own", export="own")  # (ONNX's fmod attr)
+_binary("Equal", np.equal, 8, _V["max"], compare=True)
+_binary("Less", np.less, 9, _V["max"], compare=True)
+_binary("Greater", np.greater, 10, _V["max"], compare=True)
+_binary("And", np.logical_and, 11, _V["max"], compare=True)
+_binary("Or", np.logical_or, 12, _V["max"], compare=True)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -124,32 +153,40 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return (0.5 * (1.0 + np.tanh(0.5 * x64))).astype(x.dtype)
 
 
-# name -> (function, FLOPs per element). Transcendentals count 1 FLOP per element, as FLOP counters usually do.
-_UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], int]] = {
-    "Neg": (np.negative, 1),
-    "Abs": (np.abs, 1),
-    "Exp": (np.exp, 1),
-    "Log": (np.log, 1),
-    "Sqrt": (np.sqrt, 1),
-    "Reciprocal": (np.reciprocal, 1),
-    "Tanh": (np.tanh, 1),
-    "Erf": (_erf, 1),
-    "Sigmoid": (_sigmoid, 1),
-    "Relu": (lambda x: np.maximum(x, 0).astype(x.dtype), 1),
-    "Not": (np.logical_not, 0),
-    "Identity": (lambda x: x, 0),
-}
-UNARY_KERNELS = {name: fn for name, (fn, _) in _UNARY.items()}  # what the codelets call, as BINARY_KERNELS
-for _name, (_fn, _k) in _UNARY.items():
-    _row(_name, _same, (lambda fn: lambda xs, a: [np.asarray(fn(xs[0])).astype(xs[0].dtype)])(_fn), _per_output(_k),
-         (1, 1))
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x.astype(np.float64)).astype(x.dtype)  # log(1 + exp(x)) without overflow, rounded once
+
+
+def _unary(name: str, fn, op_id: int, cost, domain="real", flops=1, onnx="direct", export="direct", widen_f16=True,
+           lower="elementwise") -> None:
+    # Transcendentals count 1 FLOP per element, as FLOP counters usually do.
+    _row(name, _same, lambda xs, a: [np.asarray(fn(xs[0])).astype(xs[0].dtype)], _per_output(flops), (1, 1),
+         onnx=onnx, export=export, widen_f16=widen_f16, elementwise=True, lower=lower, codelet="unary",
+         kernels=((name, op_id, fn),), cost=cost, domain=domain)
+
+
+_unary("Neg", np.negative, 0, _V["neg"])
+_unary("Abs", np.abs, 1, _V["max"])
+_unary("Exp", np.exp, 2, _V["exp"])
+_unary("Log", np.log, 3, _V["log"], domain="positive")
+_unary("Sqrt", np.sqrt, 4, _V["sqrt"], domain="positive")
+_unary("Reciprocal", np.reciprocal, 5, _V["divide"], domain="positive")
+_unary("Tanh", np.tanh, 6, _V["tanh"])
+_unary("Erf", _erf, 7, (("tanh", 1), ("mul", 4), ("add", 2)))
+_unary("Sigmoid", _sigmoid, 8, _V["sigmoid"])
+_unary("Relu", lambda x: np.maximum(x, 0).astype(x.dtype), 9, _V["relu"])
+_unary("Not", np.logical_not, 10, _V["max"], domain="bool", flops=0, widen_f16=False)
+# Identity is planned as a move (a view of its input), and runs on the unary codelet where a copy is needed.
+_unary("Identity", lambda x: x, 11, _V["copy"], flops=0, onnx="own", widen_f16=False, lower="move")
+_unary("Softplus", _softplus, 15, (("exp", 1), ("add", 1), ("log", 1)))
 
 _row(
-    "Cast",
+    "Cast",  # on the unary codelet, which converts in the output's assignment
     lambda ins, a: [TensorType(ins[0].shape, a["to"])],
     lambda xs, a: [xs[0].astype(a["to"])],
     _zero_flops,
     (1, 1),
+    elementwise=True, lower="elementwise", codelet="unary", kernels=(("Cast", 12, lambda x: x),), cost=_V["cast"],
 )
 _row(
     "Where",
@@ -159,6 +196,7 @@ _row(
     lambda xs, a: [np.where(xs[0], xs[1], xs[2]).astype(xs[1].dtype)],
     _per_output(1),
     (3, 3),
+    onnx="direct", export="direct", elementwise=True, lower="elementwise", codelet="where", cost=_V["max"],
 )
 
 # ---------------------------------------------------------------------------------------------------- matmul family
@@ -190,7 +228,7 @@ def _matmul_ref(xs, a):
     return [np.matmul(x.astype(acc), w.astype(acc)).astype(x.dtype)]
 
 
-_row("MatMul", _matmul_type, _matmul_ref, _matmul_flops, (2, 2))
+_row("MatMul", _matmul_type, _matmul_ref, _matmul_flops, (2, 2), onnx="direct", export="direct", widen_f16=True, lower="own")
 
 
 def _linear_type(ins, a):
@@ -213,6 +251,7 @@ _row(
     _linear_ref,
     lambda ins, outs, a: _matmul_flops(ins, outs, a) + (outs[0].size if len(ins) > 2 and ins[2] is not None else 0),
     (2, 3),
+    onnx="pass", widen_f16=True, lower="own",
 )
 
 # ---------------------------------------------------------------------------------------------------- reductions
@@ -240,7 +279,8 @@ def _reduce_ref(fn):
 
 
 for _name, _fn in {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max}.items():
-    _row(_name, _reduce_type, _reduce_ref(_fn), lambda ins, outs, a: ins[0].size, (1, 1))
+    _row(_name, _reduce_type, _reduce_ref(_fn), lambda ins, outs, a: ins[0].size, (1, 1), widen_f16=True,
+         lower="rows")
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -258,6 +298,7 @@ _row(
     lambda xs, a: [_softmax(xs[0], a.get("axis", -1))],
     _per_output(5),  # max, subtract, exp, sum, divide
     (1, 1),
+    widen_f16=True, lower="rows",
 )
 
 # ---------------------------------------------------------------------------------------------------- fused ops
@@ -283,7 +324,8 @@ def _layernorm_type(ins, a):
     return [ins[0]]
 
 
-_row("LayerNorm", _layernorm_type, _layernorm_ref, _per_output(8), (2, 3))  # normalises over the last axis
+_row("LayerNorm", _layernorm_type, _layernorm_ref, _per_output(8), (2, 3), widen_f16=True,  # over the last axis
+     lower="rows")
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
@@ -291,9 +333,11 @@ def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     return gelu(x, approximate)
 
 
-_row("Gelu", _same, lambda xs, a: [_gelu(xs[0], a.get("approximate", "none"))], _per_output(8), (1, 1))
-# The codelets' two Gelu kernels (one per `approximate`: the codelet's op id picks the formula).
-GELU_KERNELS = {"Gelu": lambda x: _gelu(x, "none"), "GeluTanh": lambda x: _gelu(x, "tanh")}
+# Two kernels on the unary codelet, one per `approximate` (the op id picks the formula).
+_row("Gelu", _same, lambda xs, a: [_gelu(xs[0], a.get("approximate", "none"))], _per_output(8), (1, 1),
+     widen_f16=True, elementwise=True, lower="elementwise", codelet="unary",
+     kernels=(("Gelu", 13, lambda x: _gelu(x, "none")), ("GeluTanh", 14, lambda x: _gelu(x, "tanh"))),
+     cost=_V["gelu"])
 
 
 def _attention_type(ins, a):
@@ -335,6 +379,7 @@ _row(
     _attention_ref,
     _attention_flops,
     (3, 4),
+    onnx="pass", widen_f16=True, lower="own",
 )
 
 
@@ -356,7 +401,7 @@ def _patchify_ref(xs, a):
     return [np.ascontiguousarray(x.reshape(b, gh * gw, c * ph * pw))]
 
 
-_row("Patchify", _patchify_type, _patchify_ref, _zero_flops, (1, 1))
+_row("Patchify", _patchify_type, _patchify_ref, _zero_flops, (1, 1), onnx="pass", lower="move")
 
 # ---------------------------------------------------------------------------------------------------- convolution
 
@@ -408,7 +453,7 @@ def _conv_flops(ins, outs, a) -> int:
     return 2 * outs[0].size * cg * kh * kw + (outs[0].size if len(ins) > 2 else 0)
 
 
-_row("Conv", _conv_type, _conv_ref, _conv_flops, (2, 3))
+_row("Conv", _conv_type, _conv_ref, _conv_flops, (2, 3), widen_f16=True)
 
 # ---------------------------------------------------------------------------------------------------- data movement
 
@@ -420,7 +465,7 @@ def _reshape_type(ins, a):
     return [TensorType(shape, ins[0].dtype)]
 
 
-_row("Reshape", _reshape_type, lambda xs, a: [xs[0].reshape(a["shape"])], _zero_flops, (1, 1))
+_row("Reshape", _reshape_type, lambda xs, a: [xs[0].reshape(a["shape"])], _zero_flops, (1, 1), lower="move")
 
 
 def _transpose_type(ins, a):
@@ -436,6 +481,7 @@ _row(
     lambda xs, a: [np.ascontiguousarray(np.transpose(xs[0], a.get("perm") or None))],
     _zero_flops,
     (1, 1),
+    lower="move",
 )
 
 
@@ -449,7 +495,7 @@ def _concat_type(ins, a):
     return [TensorType(tuple(shape), ins[0].dtype)]
 
 
-_row("Concat", _concat_type, lambda xs, a: [np.concatenate(xs, axis=a["axis"])], _zero_flops, (1, 1 << 30))
+_row("Concat", _concat_type, lambda xs, a: [np.concatenate(xs, axis=a["axis"])], _zero_flops, (1, 1 << 30), lower="move")
 
 
 def _slices(shape: tuple[int, ...], a: Attrs) -> tuple[slice, ...]:
@@ -477,6 +523,7 @@ _row(
     lambda xs, a: [np.ascontiguousarray(xs[0][_slices(xs[0].shape, a)])],
     _zero_flops,
     (1, 1),
+    lower="move",
 )
 
 
@@ -492,7 +539,7 @@ def _split_ref(xs, a):
     return [np.ascontiguousarray(p) for p in np.split(xs[0], cuts, axis=a["axis"])]
 
 
-_row("Split", _split_type, _split_ref, _zero_flops, (1, 1))
+_row("Split", _split_type, _split_ref, _zero_flops, (1, 1), lower="move")
 
 
 def _gather_type(ins, a):
@@ -510,7 +557,7 @@ def _gather_ref(xs, a):
     return [np.take(data, idx, axis=axis)]
 
 
-_row("Gather", _gather_type, _gather_ref, _zero_flops, (2, 2))
+_row("Gather", _gather_type, _gather_ref, _zero_flops, (2, 2), lower="own")
 
 
 def _expand_type(ins, a):
@@ -523,6 +570,7 @@ _row(
     lambda xs, a: [np.ascontiguousarray(np.broadcast_to(xs[0], np.broadcast_shapes(xs[0].shape, tuple(a["shape"]))))],
     _zero_flops,
     (1, 1),
+    lower="move",
 )
 
 # ---------------------------------------------------------------------------------------------------- shape arithmetic
@@ -592,6 +640,7 @@ _row(
     _fp8_cast_ref,
     _per_output(1),
     (1, 1),
+    onnx="pass", widen_f16=True, elementwise=True,
 )
 
 
@@ -630,6 +679,7 @@ _row(
     _fp8_quantize_ref,
     _per_output(1),
     (1, 1),
+    onnx="pass", widen_f16=True, elementwise=True, lower="elementwise", codelet="fp8_cast",
 )
 _row(
     "LinearFp8",  # x codes @ w codes (+ b) on the quarter->half AMP; w's scale is an int8[1,1] tensor set at load
@@ -637,6 +687,7 @@ _row(
     _linear_fp8_ref,
     lambda ins, outs, a: _matmul_flops(ins, outs, a) + (outs[0].size if len(ins) > 3 and ins[3] is not None else 0),
     (3, 4),
+    onnx="pass", widen_f16=True, lower="own",
 )
 
 

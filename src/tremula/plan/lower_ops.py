@@ -13,7 +13,7 @@ from tremula.codelets.fp8 import format_id
 from tremula.codelets.norm import REDUCE_IDS
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
-from tremula.ir.ops import _norm_axis, rule
+from tremula.ir.ops import OPS, _norm_axis, rule
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
 from tremula.plan.layers import SharedLayers
 from tremula.plan.lower_attention import AttentionLowering, head_views
@@ -34,9 +34,11 @@ from tremula.plan.strategies import (
 I64 = np.int64
 STRIDE = 1 << 40  # index maps encode (input k, element e) as k * STRIDE + e
 
-MOVE_OPS = {"Reshape", "Transpose", "Slice", "Concat", "Split", "Expand", "Identity", "Patchify"}
-ROW_OPS = {"LayerNorm", "Softmax", "ReduceSum", "ReduceMean", "ReduceMax"}
-ELEMENTWISE = set(UNARY_IDS) | set(BINARY_IDS) | {"Where", "Cast", "Gelu", "Fp8Quantize"}
+# Each op's family, from its row in ir/ops.py. ELEMENTWISE holds every op an element-wise codelet runs (Identity too,
+# which is planned as a move: `_kind` looks at moves first).
+MOVE_OPS = {name for name, d in OPS.items() if d.lower == "move"}
+ROW_OPS = {name for name, d in OPS.items() if d.lower == "rows"}
+ELEMENTWISE = {name for name, d in OPS.items() if d.elementwise and d.codelet}
 MATMULS = ("Linear", "MatMul", "LinearFp8")
 # Column blocks of the residual stream under a memory budget (Lowerer._panel_parts). Six: of 4, 6, 8 and 12, the one
 # whose plan of SigLIP so400m fp8 at batch 8 has the smallest fullest tile (950, 765, 867 and 1,021 KB); fewer panels
@@ -48,8 +50,7 @@ def supported(graph: Graph) -> list[str]:
     """Ops in the graph this planner cannot place (each op once)."""
     bad = []
     for n in graph.nodes:
-        ok = n.op in MOVE_OPS | ROW_OPS | ELEMENTWISE | set(MATMULS) | {"Attention", "Gather"}
-        if not ok and n.op not in bad:
+        if not (n.op in OPS and OPS[n.op].lower) and n.op not in bad:
             bad.append(n.op)
     return bad
 

@@ -1,7 +1,7 @@
 """Cost terms the planner and the codelets need, written on top of `target.cost` (the one cost model) and the Chip.
 
-`target.cost` prices the popops vector ops the chip files list; the codelets also need a few kinds those tables do
-not have, priced here as the nearest listed instruction sequence (KIND_ALIAS says which, and why).
+`target.cost` prices the popops vector ops the chip files list; an element-wise op those tables do not have is priced
+as the nearest listed instruction sequence, which its row in ir/ops.py gives (`sequence_cycles`).
 """
 
 from __future__ import annotations
@@ -9,15 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.target import cost
-
-# kind -> list of (chip vector op, how many passes). Comparisons/select/logic are one 64-bit vector instruction per
-# loop like max; reciprocal is a divide; erf and pow have no popops entry: a few-term polynomial / exp(y log x).
-KIND_ALIAS: dict[str, list[tuple[str, int]]] = {
-    "abs": [("max", 1)], "not": [("max", 1)], "and": [("max", 1)], "or": [("max", 1)], "cmp": [("max", 1)],
-    "select": [("max", 1)], "reciprocal": [("divide", 1)], "mod": [("divide", 1), ("mul", 1), ("sub", 1)],
-    "erf": [("tanh", 1), ("mul", 4), ("add", 2)], "pow": [("log", 1), ("mul", 1), ("exp", 1)], "div": [("divide", 1)],
-}
-
 
 # Counts reach these functions from layouts, whose sizes are often NumPy integers (a layout's rows, cuts' diffs); the
 # cost model takes Python ints only (it refuses anything else, to catch a float or bool passed by mistake), so every
@@ -47,9 +38,12 @@ def vector_cycles(chip, kind: str, n: int, dtype: str) -> int:
         return copy_cycles(chip, n * (2 if "16" in dtype else 4))
     if kind == "gelu":
         return int(cost.gelu_cycles(chip, n, dtype))
-    if kind in KIND_ALIAS:
-        return sum(k * int(cost.vector_cycles(chip, op, n, dtype)) for op, k in KIND_ALIAS[kind])
     return int(cost.vector_cycles(chip, kind, n, dtype))
+
+
+def sequence_cycles(chip, seq: tuple[tuple[str, int], ...], n: int, dtype: str) -> int:
+    """An element-wise op's cost: its row's instructions (ir/ops.py `cost`: (vector op, passes)) over n elements."""
+    return sum(int(k) * vector_cycles(chip, op, n, dtype) for op, k in seq)
 
 
 def softmax_cycles(chip, rows: int, cols: int, dtype: str) -> int:

@@ -30,7 +30,7 @@ def main() -> None:
         for model in args.models.split(","):
             t0 = time.perf_counter()
             try:
-                from tremula.compiler import find_max_batch
+                from tremula.batch_search import find_max_batch
                 from tremula.frontends import load_model
 
                 b = find_max_batch(lambda n, m=model: load_model(m, batch=n), chip, args.dtype, limit=args.max_batch)

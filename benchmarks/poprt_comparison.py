@@ -16,10 +16,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from tremula.compiler import canonical, compile_model
+from tremula.compiler import compile_model
 from tremula.errors import NoFit
 from tremula.frontends import load_model
 from tremula.model_info import describe
+from tremula.pipeline import canonical
 from tremula.report.profile import build_profile
 from tremula.target.chip import load_chip
 
@@ -57,8 +58,7 @@ def _modelled(m: Measured, chip, batch: int, cache: dict) -> tuple[str, str, str
     key = (m.model, m.seq_len, batch)
     if key not in cache:
         res = compile_model(m.model, chip, batch=batch, dtype=DTYPE, seq_len=m.seq_len)
-        graph = load_model(m.model, batch=batch, seq_len=m.seq_len)
-        s = build_profile(res, graph, chip, model=m.model, keep_tile_cycles=False).summary
+        s = build_profile(res, chip, model=m.model, keep_tile_cycles=False).summary
         cache[key] = (f"{s.throughput:,.0f}", f"{100 * s.mfu:.1f}%", f"{res.seconds:.1f}",
                       f"{s.latency_s * 1e3:.2f} ms/batch")
     return cache[key]

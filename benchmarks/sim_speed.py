@@ -25,7 +25,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the simulator on one threa
 import numpy as np
 
 from tremula.target.chip import load_chip
-from tremula.compiler import canonical, compile_model, make_feeds
+from tremula.compiler import compile_model
+from tremula.feeds import make_feeds
+from tremula.pipeline import canonical
 from tremula.frontends import load_model
 from tremula.sim.functional import simulate
 

@@ -263,7 +263,7 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
 def _mfu(res, chip, model: str, seq_len) -> float:
     """Model FLOPs utilisation as the profile defines it (FLOPs of the canonical graph at this batch / latency /
     the dtype's peak), without building the profile."""
-    from tremula.compiler import canonical
+    from tremula.pipeline import canonical
     from tremula.frontends import load_model
     from tremula.model_info import describe
 
@@ -456,12 +456,10 @@ def compile_cmd(
             exchanges = schedule_program(res.program, c, progress=bar)
     profile = None
     if report is not None or trace is not None or json_out:
-        from tremula.frontends import load_model
         from tremula.report import report_paths
 
-        graph = res.source if res.source is not None else load_model(model, batch=res.batch, seq_len=seq_len)
         # With timetables the profile charges each exchange its scheduled makespan instead of the planner's bound.
-        profile = report_paths(res, graph, c, html=report, trace=trace, model=model, exchanges=exchanges)
+        profile = report_paths(res, c, html=report, trace=trace, model=model, exchanges=exchanges)
     if json_out:
         _print_json({"model": model, "chip": c.name, "seconds": res.seconds, **res.summary(),
                      "profile": profile.to_json() if profile else None,
@@ -516,7 +514,7 @@ def check_cmd(
     """Compile, run the Program in the functional simulator, and compare every output with the reference (and, with
     --inputs, with your expected outputs and onnxruntime)."""
     from tremula.target.chip import load_chip
-    from tremula.compiler import check_model
+    from tremula.check import check_model
 
     if seed < 0:  # numpy's generators take none, and a one-line answer beats an internal error after the compile
         raise TremulaError(f"--seed must be a non-negative integer (got {seed})")

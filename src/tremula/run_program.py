@@ -42,7 +42,7 @@ class RunResult:
 def prepare(path: str, model: str, chip: str | None = None) -> Prepared:
     """Load the Program at `path` and rebuild `model`'s planned graph for it; refuse another chip or other weights."""
     from tremula.target.chip import load_chip
-    from tremula.compiler import canonical, lower_precision
+    from tremula.pipeline import canonical, lower_precision
     from tremula.frontends import load_model
 
     program = load_program(path)

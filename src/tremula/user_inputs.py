@@ -59,8 +59,8 @@ def input_batch(graph: Graph, arrays: dict[str, np.ndarray]) -> int:
 
 def input_feeds(graph: Graph, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inputs as feeds for canonical `graph` (at their batch): exact shapes, then values as the model takes them
-    (compiler._calibration_values: the input's kind of number, finite, token ids inside their table)."""
-    from tremula.compiler import _calibration_values
+    (fp8_calibration.calibration_values: the input's kind of number, finite, token ids inside their table)."""
+    from tremula.fp8_calibration import calibration_values
 
     arrays = _named(list(graph.inputs), arrays, "input")
     input_batch(graph, arrays)  # names and sample shapes first, with their own messages
@@ -68,7 +68,7 @@ def input_feeds(graph: Graph, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
         arr, model = np.asarray(arrays[name]), tuple(graph.types[name].shape)
         if tuple(arr.shape) != model:
             raise TremulaError(f"input {name!r} has shape {_shape(arr.shape)}, the program takes {_shape(model)}")
-    return _calibration_values(graph, {n: np.asarray(arrays[n]) for n in graph.inputs}, what="input")
+    return calibration_values(graph, {n: np.asarray(arrays[n]) for n in graph.inputs}, what="input")
 
 
 def expected_outputs(graph: Graph, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

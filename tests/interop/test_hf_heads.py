@@ -132,7 +132,7 @@ def test_bert_token_types_optional_or_given(tmp_path):
 @pytest.mark.parametrize("name", ["siglip-image-cls", "gpt2-lm-tied"])
 def test_new_heads_compile_and_simulate(name, tmp_path):
     """The heads' ops (mean over tokens as Transpose + ReduceMean, the LM head) plan, lower and simulate."""
-    from tremula.compiler import check_model
+    from tremula.check import check_model
 
     _saved(name, tmp_path)
     res = check_model(str(tmp_path), "c600", 2, "fp32", seq_len=8)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tremula.compiler import check_model, compile_model
+from tremula.check import check_model
+from tremula.compiler import compile_model
 from tremula.target.chip import load_chip
 
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tremula.compiler import check_model, compile_model
+from tremula.check import check_model
+from tremula.compiler import compile_model
 from tremula.target.chip import load_chip
 
 TINY = ["vit-tiny", "bert-tiny", "gpt2-tiny", "siglip-tiny", "clip-tiny", "minilm-tiny"]
@@ -107,10 +108,10 @@ def test_memory_budget_plans(monkeypatch, model, dtype):
     """Under a permanent-bytes budget (the compiler's retries) the planner keeps LayerNorms in place on column blocks,
     cuts the residual stream in PANEL_PARTS panels and matches every matmul's K cuts to its operand's blocks: the
     answer must still be the reference's."""
-    from tremula import compiler
+    from tremula import pipeline
     from tremula.plan.lower_ops import PANEL_PARTS
 
-    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.12, 0.4, False),))
+    monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.12, 0.4, False),))
     res = check_model(model, "c600", 2, dtype)
     strategies = res.compile.strategies.values()
     assert any("in place" in s for s in strategies)
@@ -121,9 +122,9 @@ def test_memory_budget_plans(monkeypatch, model, dtype):
 def test_elementwise_vertices_merge_back_to_back_blocks(monkeypatch):
     """A tight temporary budget cuts matmuls into rounds whose output row slices sit back to back on a tile; the
     element-wise ops after them run one vertex per run of such blocks, and the answer is the reference's."""
-    from tremula import compiler
+    from tremula import pipeline
 
-    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.01, None, False),))
+    monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.01, None, False),))
     # Batch 4: at batch 8 the exchange code of this many rounds (ipu-stack-facts §1.2 encoding) overflows 64 KiB tiles.
     res = check_model("bert-tiny", "examples/chips/tiny16.toml", 4, "fp16")
     out_shapes = [g.shapes[:, -1] for s in res.compile.program.steps for g in s.compute

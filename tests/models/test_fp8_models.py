@@ -6,8 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tremula.compiler import check_model, compile_model, make_feeds
+from tremula.check import check_model
+from tremula.compiler import compile_model
 from tremula.errors import TremulaError
+from tremula.feeds import make_feeds
 from tremula.ir import run
 from tremula.target.chip import load_chip
 

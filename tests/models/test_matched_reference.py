@@ -8,9 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tremula import compiler
-from tremula.compiler import canonical, check_model, compare_matched, compile_model, make_feeds
+from tremula import pipeline
+from tremula.check import check_model, compare_matched
+from tremula.compiler import compile_model
+from tremula.feeds import make_feeds
 from tremula.frontends import load_model
+from tremula.pipeline import canonical
 from tremula.plan import lower_attention
 from tremula.sim.functional import simulate
 from tremula.sim.reference import _KEY_BLOCKS, _LN_BLOCKS, REORDERINGS, _counts, k_splits, matched_reference
@@ -18,7 +21,7 @@ from tremula.sim.reference import _KEY_BLOCKS, _LN_BLOCKS, REORDERINGS, _counts,
 
 def _force(monkeypatch, kind: str) -> None:
     if kind == "budget":  # LayerNorms in place on column blocks, matmuls' K cut to match
-        monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.12, 0.4, False),))
+        monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.12, 0.4, False),))
     elif kind == "key split":
         monkeypatch.setattr(lower_attention, "ATTENTION_KV_FRACTION", 1e-4)
 

@@ -3,7 +3,6 @@ output to (plan/elements.py), in the default plan and in each plan the planner m
 
 import copy
 
-import numpy as np
 import pytest
 from test_mutations import PLAN_KINDS, _force, _is_kind
 

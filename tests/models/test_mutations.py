@@ -10,10 +10,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tremula.compiler import CompileResult, canonical, compare, compare_matched, compile_model, make_feeds
+from tremula.check import compare, compare_matched
+from tremula.compiler import CompileResult, compile_model
 from tremula.errors import TremulaError
+from tremula.feeds import make_feeds
 from tremula.frontends import load_model
 from tremula.ir import run
+from tremula.pipeline import canonical
 from tremula.program import Program
 from tremula.sim.functional import SimCheckError, simulate
 from tremula.sim.reference import REORDERINGS, matched_reference
@@ -225,11 +228,11 @@ def test_out_of_bounds_address_fires(setup):
 
 def _force(monkeypatch, kind: str, dtype: str) -> tuple[str, int]:
     """Force plan `kind`; returns the chip and batch to compile for."""
-    from tremula import compiler
+    from tremula import pipeline
     from tremula.plan import lower_attention, lower_ops
 
     if kind == "shared layers":
-        monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.12, None, True),))
+        monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.12, None, True),))
     elif kind == "streamed weights":
         real = lower_ops.Lowerer.__init__
 

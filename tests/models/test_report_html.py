@@ -66,7 +66,7 @@ def test_report_renders_in_chromium(tmp_path):
     graph = load_model("vit-tiny", batch=2)
     res = compile_model(graph, chip, batch=2, dtype="fp16")
     exchanges = schedule_program(res.program, chip)  # the steps table then shows makespans against bounds
-    report = write_html(build_profile(res, graph, chip, exchanges=exchanges), tmp_path / "report.html")
+    report = write_html(build_profile(res, chip, exchanges=exchanges), tmp_path / "report.html")
     text = report.read_text()
     assert "<script" not in text and not re.search(r"(src|href)=\"(https?:)?//", text)  # self-contained
     assert "exchange makespan" in text and "makespan / bound" in text and 'id="exchange-code"' in text

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from tremula.compiler import check_model, compile_model
+from tremula.check import check_model
+from tremula.compiler import compile_model
 from tremula.target.chip import load_chip
 
 TINY16 = str(Path(__file__).resolve().parents[2] / "examples" / "chips" / "tiny16.toml")

@@ -7,8 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tremula import compiler
-from tremula.compiler import canonical, make_feeds
+from tremula import compiler, pipeline
+from tremula.feeds import make_feeds
+from tremula.pipeline import canonical
 from tremula.frontends import load_model
 from tremula.plan.finalize import memory_plan, to_program
 from tremula.plan.lower_ops import Lowerer
@@ -27,7 +28,7 @@ SHARED = ((0.12, None, True),)
 def shared_fp8():
     """siglip4 at fp8 with shared layers: its calls rewrite FP8 cast fields and set weight bases."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(compiler, "PLAN_BUDGETS", SHARED)
+        mp.setattr(pipeline, "PLAN_BUDGETS", SHARED)
         res = compiler.compile_model(siglip4, "c600", 2, "fp8")
     assert res.shared_layers == 3
     return res
@@ -115,7 +116,7 @@ def test_planned_and_counted_code_agree(model, dtype):
     from its own steps: the same bytes, except that a receive continuing another into the next buffer needs no
     pointer reset, which only the Program's addresses show (so with resets priced at 0 the two are equal)."""
     chip = load_chip("c600")
-    g = compiler.lower_precision(model(2) if callable(model) else canonical(load_model(model, 2)), dtype, chip, None)
+    g = pipeline.lower_precision(model(2) if callable(model) else canonical(load_model(model, 2)), dtype, chip, None)
     state = Lowerer(g, chip, None, share_layers=True).lower()
     mp, live, reserved = memory_plan(state, chip)
     assert state.sharing is not None and state.sharing.calls

@@ -4,8 +4,8 @@ once, and sharing is refused where the layers' programs differ."""
 import numpy as np
 import pytest
 
-from tremula import compiler
-from tremula.compiler import check_model
+from tremula import compiler, pipeline
+from tremula.check import check_model
 from tremula.frontends.zoo import _vision
 from tremula.models.build import build_from_config
 from tremula.models.configs import BertConfig
@@ -34,7 +34,7 @@ def bert4(batch: int):
 @pytest.mark.parametrize("model,dtype,budget", [(siglip4, "fp8", (0.12, 0.4, True)), (siglip4, "fp16", SHARED[0]),
                                                 (bert4, "fp16", SHARED[0]), ("vit-tiny", "fp8", SHARED[0])])
 def test_shared_layers_answer_as_the_reference(monkeypatch, model, dtype, budget):
-    monkeypatch.setattr(compiler, "PLAN_BUDGETS", (budget,))
+    monkeypatch.setattr(pipeline, "PLAN_BUDGETS", (budget,))
     res = check_model(model, "c600", 2, dtype)
     assert res.passed, res.outputs
     layers = 2 if model == "vit-tiny" else 4
@@ -43,7 +43,7 @@ def test_shared_layers_answer_as_the_reference(monkeypatch, model, dtype, budget
     prog = res.compile.program
     assert len(prog.shared_steps) > 0
     if layers > 2:  # with 2 layers, streaming the weights can cost more exchange code than sharing saves
-        monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((budget[0], budget[1], False),))
+        monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((budget[0], budget[1], False),))
         plain = compiler.compile_model(model, "c600", 2, dtype).program
         for cat in ("vertex_state", "exchange_code"):
             assert prog.reserved_split[cat].sum() < plain.reserved_split[cat].sum()
@@ -51,7 +51,7 @@ def test_shared_layers_answer_as_the_reference(monkeypatch, model, dtype, budget
 
 def _lowered(chip="c600"):
     chip = load_chip(chip)
-    g = compiler.lower_precision(siglip4(2), "float16", chip, None)
+    g = pipeline.lower_precision(siglip4(2), "float16", chip, None)
     return Lowerer(g, chip, None, share_layers=True).lower(), chip
 
 
@@ -95,7 +95,7 @@ def test_shared_weights_sit_one_distance_per_tile_from_their_templates():
 
 def test_unshared_plans_are_unchanged_by_the_layer_machinery(monkeypatch):
     """Without share_layers nothing is shared and no step is marked."""
-    monkeypatch.setattr(compiler, "PLAN_BUDGETS", UNSHARED)
+    monkeypatch.setattr(pipeline, "PLAN_BUDGETS", UNSHARED)
     res = compiler.compile_model(siglip4, "c600", 2, "fp16")
     assert res.shared_layers == 0 and len(res.program.shared_steps) == 0
 
@@ -115,7 +115,7 @@ def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
             super().__init__(*a, **k)
             tried.append((self.temp_fraction, self.perm_fraction, self.share_layers))
 
-    monkeypatch.setattr(compiler, "Lowerer", Counting)
+    monkeypatch.setattr(pipeline, "Lowerer", Counting)
     res = compiler.compile_model(siglip4, str(chip), 8, "fp16", require_fit=False)
     assert not res.fits
     assert tried[:3] == [(0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True)]
@@ -129,12 +129,12 @@ def test_the_profile_counts_shared_code_once(monkeypatch):
     from tremula.timing import schedule_exchange
     from tremula.timing.program_schedule import schedule_program
 
-    monkeypatch.setattr(compiler, "PLAN_BUDGETS", SHARED)
+    monkeypatch.setattr(pipeline, "PLAN_BUDGETS", SHARED)
     chip = load_chip("c600")
     res = compiler.compile_model(siglip4, chip, 2, "fp16")
     prog = res.program
     assert res.shared_layers == 3
-    prof = build_profile(res, siglip4(2), chip, exchanges=schedule_program(prog, chip))
+    prof = build_profile(res, chip, exchanges=schedule_program(prog, chip))
     for cat in ("vertex_state", "exchange_code"):
         assert prof.tile_memory[cat] == prog.reserved_split[cat].tolist()
     shared = set(prog.shared_steps.tolist())

@@ -12,7 +12,8 @@ import pytest
 
 from tremula.codelets import codelet
 from tremula.codelets.fp8 import _BAD_CODES, FORMATS, amp_matmul_stack
-from tremula.compiler import compile_model, make_feeds
+from tremula.compiler import compile_model
+from tremula.feeds import make_feeds
 from tremula.numerics.fp8 import amp_fp8_matmul
 from tremula.sim.functional import Machine, simulate
 from tremula.target.chip import load_chip

@@ -2,9 +2,11 @@
 
 import numpy as np
 
-from tremula.compiler import canonical, cast_graph, compile_model, make_feeds
+from tremula.compiler import compile_model
+from tremula.feeds import make_feeds
 from tremula.frontends.zoo import build_zoo
 from tremula.ir import run
+from tremula.pipeline import canonical, cast_graph
 from tremula.sim.functional import simulate
 from tremula.target.chip import load_chip
 

@@ -980,7 +980,7 @@ def test_random_graphs_compile_and_simulate_on_small_chips(tmp_path_factory, dat
     compile refuses in one line (an op the planner cannot place, or it does not fit)."""
     from tremula.target.chip import load_chip
     from tremula.compiler import DoesNotFit
-    from tremula.compiler import check_model as compile_and_check
+    from tremula.check import check_model as compile_and_check
     from tremula.errors import TremulaError
 
     model, _, _ = build(data, (1, 5), PLANNED_STEPS)
@@ -1044,8 +1044,8 @@ def test_attention_with_a_shared_rank2_key_is_left_unfused(tmp_path) -> None:
 def test_check_accepts_the_infinities_the_reference_makes(tmp_path) -> None:
     """A causal -inf fill read as an output: the simulator gives the reference's -inf exactly, and `check` said
     "max rel err inf" (inf - inf is NaN). Matching infinities pass; a different one, or a NaN, still fails."""
-    from tremula.compiler import check_model as compile_and_check
-    from tremula.compiler import compare
+    from tremula.check import check_model as compile_and_check
+    from tremula.check import compare
 
     q = helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 1, 3, 2])
     kt = numpy_helper.from_array(np.ones((1, 1, 2, 3), np.float32), "kt")

@@ -113,7 +113,7 @@ def test_softplus_is_one_row():
 def test_every_real_unary_row_compiles_and_simulates(name, dtype):
     """A row is enough for the whole pipeline: planned on a 16-tile chip, run by the simulator, equal to the
     reference."""
-    from tremula.compiler import check_model
+    from tremula.check import check_model
 
     b = GraphBuilder(f"one_{name}")
     b.output(b.op(name, [b.input("x", (4, 24), "float32")]))

@@ -125,7 +125,8 @@ def test_hostile_inputs_are_one_line_errors(files, make, needles):
 
 
 def test_fp8_calibrates_on_one_file_and_checks_on_another(tmp_path):
-    from tremula.compiler import canonical, make_feeds
+    from tremula.feeds import make_feeds
+    from tremula.pipeline import canonical
     from tremula.frontends import load_model
 
     g = canonical(load_model("bert-tiny", batch=2))

@@ -24,7 +24,8 @@ from onnx import TensorProto, helper
 from test_bad_onnx import _matmul_model
 from test_cli import assert_one_line_error, run_cli
 
-from tremula.compiler import DoesNotFit, check_model, compile_model
+from tremula.check import check_model
+from tremula.compiler import DoesNotFit, compile_model
 from tremula.errors import TremulaError
 from tremula.export import export_onnx
 from tremula.frontends import load_model

@@ -2,8 +2,9 @@
 
 import pytest
 
-from tremula.compiler import compile_model, lower_precision
+from tremula.compiler import compile_model
 from tremula.frontends import load_model
+from tremula.pipeline import lower_precision
 from tremula.plan.lower_attention import head_views
 
 

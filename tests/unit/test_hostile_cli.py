@@ -17,7 +17,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tremula import cli, compiler
+from tremula import check, cli, compiler
 from tremula.errors import TremulaError
 from tremula.outputs import check_outputs
 
@@ -52,7 +52,7 @@ def no_work(monkeypatch):
         raise AssertionError("the compile started")
 
     monkeypatch.setattr(compiler, "compile_model", refuse)
-    monkeypatch.setattr(compiler, "check_model", refuse)
+    monkeypatch.setattr(check, "check_model", refuse)
 
 
 def one_line_error(result: tuple[int, str, str], *needles: str) -> str:

@@ -15,23 +15,19 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tremula import compiler, limits
-from tremula.compiler import (
-    CALIBRATION_SAMPLES,
-    CALIBRATION_SEED,
-    bound_limit,
-    canonical,
-    check_model,
-    compile_model,
-    find_max_batch,
-    make_feeds,
-)
+from tremula import batch_search, compiler, limits
+from tremula.batch_search import bound_limit, find_max_batch
+from tremula.check import check_model
+from tremula.compiler import compile_model
 from tremula.errors import TremulaError, TremulaNotice
+from tremula.feeds import make_feeds
+from tremula.fp8_calibration import CALIBRATION_SAMPLES, CALIBRATION_SEED
 from tremula.frontends import load_model
 from tremula.frontends.onnx_import import import_onnx
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.frontends.zoo import build_zoo
 from tremula.model_info import describe, model_batch
+from tremula.pipeline import canonical
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime checks the rebatched graphs")
 
@@ -270,7 +266,8 @@ def test_cli_reports_the_real_batch(tmp_path):
 
 
 def _no_planning(monkeypatch):
-    monkeypatch.setattr(compiler, "plan_graph", lambda *a, **k: pytest.fail("planned a batch the bound refuses"))
+    for module in (compiler, batch_search):  # the compile and the batch search both plan through plan_graph
+        monkeypatch.setattr(module, "plan_graph", lambda *a, **k: pytest.fail("planned a batch the bound refuses"))
 
 
 @pytest.mark.parametrize("model,batch,dtype", [("vit-base-patch16-224", 100_000, "fp16"),
@@ -310,13 +307,13 @@ def test_batch_search_stays_under_the_bound(monkeypatch):
     build = lambda b: load_model("vit-tiny", batch=b)
     limit = bound_limit(build, chip, "float16")
     probed: list[int] = []
-    real = compiler.fits_at
+    real = batch_search.fits_at
 
     def fits_at(bld, c, dt, b, *args, **kwargs):
         probed.append(b)
         return real(bld, c, dt, b, *args, **kwargs)
 
-    monkeypatch.setattr(compiler, "fits_at", fits_at)
+    monkeypatch.setattr(batch_search, "fits_at", fits_at)
     assert find_max_batch(build, chip, "fp16", limit=1 << 20) <= limit
     assert probed and max(probed) <= limit
 
@@ -364,7 +361,7 @@ def test_auto_on_a_zoo_model_is_unchanged(monkeypatch):
     # The bound only removes batches that cannot fit: the search answers as it does with no cap from the bound.
     res = compile_model("gpt2-tiny", TINY16, "auto", "fp16")
     assert res.batch > 1 and res.cycles == compile_model("gpt2-tiny", TINY16, res.batch, "fp16").cycles
-    monkeypatch.setattr(compiler, "bound_limit", lambda *a, **k: limits.UNBOUNDED)
+    monkeypatch.setattr(batch_search, "bound_limit", lambda *a, **k: limits.UNBOUNDED)
     assert compile_model("gpt2-tiny", TINY16, "auto", "fp16").batch == res.batch
 
 

@@ -20,8 +20,9 @@ LAYER_OF = {
     "codelets": "codelets",
     "plan": "planner",
     "sim": "backend", "timing": "backend", "report": "backend",
-    **{m: "driver" for m in ("compiler", "calibrate", "limits", "cli", "__main__", "run_program", "provenance",
-                             "outputs", "user_inputs", "ort_oracle", "model_info")},
+    **{m: "driver" for m in ("compiler", "pipeline", "batch_search", "fp8_calibration", "feeds", "check", "calibrate",
+                             "limits", "cli", "__main__", "run_program", "provenance", "outputs", "user_inputs",
+                             "ort_oracle", "model_info")},
 }
 # What each layer may import besides itself.
 MAY_IMPORT = {
@@ -36,9 +37,6 @@ MAY_IMPORT = {
 }
 # (importing module, imported module prefix) -> why it is still allowed.
 KNOWN = {
-    ("tremula.report.profile", "tremula.compiler"):
-        "a result without its planned graph is re-canonicalised as compile_model does, until the driver hands the "
-        "CLI (graph, plan, program) once (#13)",
     ("tremula.sim.reference", "tremula.plan.layout"):
         "the precision-matched reference splits K with the planner's even_cuts, to sum in the Program's order",
     ("tremula.frontends.rebatch", "tremula.model_info"):

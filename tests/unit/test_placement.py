@@ -3,8 +3,8 @@ the exchange-code rule for each side of a transfer."""
 
 import numpy as np
 
-from tremula.compiler import lower_precision
 from tremula.frontends import load_model
+from tremula.pipeline import lower_precision
 from tremula.plan.lower_ops import Lowerer
 from tremula.target.chip import load_chip
 from tremula.target.overheads import side_instructions

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from tremula.compiler import make_feeds
+from tremula.feeds import make_feeds
 from tremula.frontends.zoo import build_zoo
 from tremula.ir import run
 from tremula.numerics.fp8 import Fp8Format
@@ -58,8 +58,8 @@ def test_policy_parse():
 
 
 def _storage(model="vit-tiny", batch=2):
-    from tremula.compiler import cast_graph
     from tremula.passes.precision import calibration_scales, fp8_storage, with_scales
+    from tremula.pipeline import cast_graph
 
     # Calibrate on a separately built graph, as the compiler does, so this one's weights stay lazy.
     cal = fp8_linear_casts(canonicalize(build_zoo(model, batch=1)))
@@ -85,9 +85,9 @@ def test_storage_form_replaces_every_fp8_linear_and_keeps_weights_lazy():
 
 
 def test_storage_form_computes_what_the_qdq_form_means():
-    from tremula.compiler import cast_graph
     from tremula.ir import GraphBuilder
     from tremula.passes.precision import fp8_storage
+    from tremula.pipeline import cast_graph
 
     b = GraphBuilder("one_linear", seed=4)
     x = b.input("x", (3, 16, 256))

@@ -35,9 +35,10 @@ def test_two_compiles_give_identical_files(tmp_path, chip):
 
 
 def test_loaded_program_still_simulates(tmp_path, chip):
-    from tremula.compiler import canonical, make_feeds
+    from tremula.feeds import make_feeds
     from tremula.frontends import load_model
     from tremula.ir import run
+    from tremula.pipeline import canonical
     from tremula.sim.functional import simulate
 
     res = compile_model("vit-tiny", chip, 1, "fp32")

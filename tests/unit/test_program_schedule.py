@@ -31,7 +31,7 @@ def tiny():
     graph = load_model("bert-tiny", batch=2)
     res = compile_model(graph, C600, batch=2, dtype="fp16")
     ex = schedule_program(res.program, C600)
-    return graph, res, ex, build_profile(res, graph, C600, exchanges=ex)
+    return graph, res, ex, build_profile(res, C600, exchanges=ex)
 
 
 def _same(a, b) -> bool:
@@ -131,7 +131,7 @@ def test_profile_charges_makespans_and_keeps_bounds(tiny):
 
 def test_profile_without_timetables_is_unchanged(tiny):
     graph, res, _, _ = tiny
-    prof = build_profile(res, graph, C600)
+    prof = build_profile(res, C600)
     assert prof.summary.exchange_source == "cost model" and prof.summary.timetables is None
     assert prof.summary.cycles == prof.summary.priced_cycles == res.cycles
     assert all(r.exchange_makespan is None and r.exchange == r.priced_exchange for r in prof.steps)
@@ -190,7 +190,7 @@ def test_timetables_of_another_program_are_refused(tiny):
     graph, res, ex, _ = tiny
     wrong = [StepExchange(ex[0].step, "not this step", 1, 1)]
     with pytest.raises(ValueError, match="does not belong"):
-        build_profile(res, graph, C600, exchanges=wrong)
+        build_profile(res, C600, exchanges=wrong)
 
 
 def test_html_shows_makespan_bound_and_exchange_code(tiny):
@@ -198,7 +198,7 @@ def test_html_shows_makespan_bound_and_exchange_code(tiny):
     text = render_html(prof)
     assert "exchange makespan" in text and "makespan / bound" in text and 'id="exchange-code"' in text
     assert "cycles with scheduled exchanges" in text
-    plain = render_html(build_profile(res, graph, C600))
+    plain = render_html(build_profile(res, C600))
     assert "makespan" not in plain and 'id="exchange-code"' not in plain
 
 

@@ -23,7 +23,7 @@ def tiny():
     chip = load_chip("c600")
     graph = load_model("bert-tiny", batch=2)
     res = compile_model(graph, chip, batch=2, dtype="fp16")
-    return chip, graph, res, build_profile(res, graph, chip)
+    return chip, graph, res, build_profile(res, chip)
 
 
 # ------------------------------------------------------------------------------------------------ profile
@@ -230,7 +230,7 @@ def test_trace_group_count_is_a_parameter(tiny):
 
 def test_report_paths_writes_all_three(tiny, tmp_path):
     chip, graph, res, _ = tiny
-    prof = report_paths(res, graph, chip, html=tmp_path / "r.html", trace=tmp_path / "t.json",
+    prof = report_paths(res, chip, html=tmp_path / "r.html", trace=tmp_path / "t.json",
                         json_path=tmp_path / "p.json")
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["summary"]["cycles"] == res.cycles == prof.summary.cycles

@@ -15,9 +15,11 @@ import pytest
 from tremula.codelets import CODELETS, codelet
 from tremula.codelets.embed import IndexOutOfRange
 from tremula.codelets.fp8 import FORMATS, amp_matmul_stack
-from tremula.compiler import canonical, compile_model, make_feeds
+from tremula.compiler import compile_model
+from tremula.feeds import make_feeds
 from tremula.frontends import load_model
 from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, quantize
+from tremula.pipeline import canonical
 from tremula.sim.functional import Machine, simulate
 from tremula.target.chip import load_chip
 

@@ -11,7 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tremula.compiler import canonical, compile_model, make_feeds
+from tremula.compiler import compile_model
+from tremula.feeds import make_feeds
+from tremula.pipeline import canonical
 from tremula.errors import TremulaError
 from tremula.frontends import load_model
 from tremula.ir.graph import Constant, Graph, TensorType
@@ -63,9 +65,9 @@ def test_saved_program_reloads_and_simulates_bit_identically(tmp_path, dtype):
 
 def test_a_shared_layer_program_reloads_and_simulates_bit_identically(tmp_path, monkeypatch):
     # Shared layers' steps are calls of a template with patches (FP8 scales among the patched params).
-    from tremula import compiler
+    from tremula import pipeline
 
-    monkeypatch.setattr(compiler, "PLAN_BUDGETS", ((0.12, None, True),))
+    monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.12, None, True),))
     res, path = _saved(tmp_path, "vit-tiny", "c600", 2, "fp8")
     assert res.shared_layers == 1
     feeds = make_feeds(canonical(load_model("vit-tiny", batch=2)), 3)

@@ -13,13 +13,13 @@ from tremula.report.why import explain
 __all__ = ["Profile", "build_profile", "explain", "render_html", "report_paths", "write_html", "write_trace"]
 
 
-def report_paths(result, graph, chip, html: str | Path | None = None, trace: str | Path | None = None,
+def report_paths(result, chip, html: str | Path | None = None, trace: str | Path | None = None,
                  json_path: str | Path | None = None, model: str | None = None, exchanges=None) -> Profile:
     """One call for the CLI: profile a CompileResult and write whichever of the HTML report, the Chrome trace and the
-    profile JSON were asked for. `graph` is the model graph the result was compiled from; `chip` a Chip;
+    profile JSON were asked for. `chip` is a Chip;
     `exchanges` the program's scheduled timetables (timing.program_schedule.schedule_program), if any.
     Returns the Profile (its `to_json()` is what `--json` prints)."""
-    profile = build_profile(result, graph, chip, model=model, keep_tile_cycles=trace is not None or html is not None,
+    profile = build_profile(result, chip, model=model, keep_tile_cycles=trace is not None or html is not None,
                             exchanges=exchanges)
     if html is not None:
         write_html(profile, html)

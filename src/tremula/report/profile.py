@@ -273,18 +273,6 @@ def _node_flops(graph: Graph, n: Node) -> int:
     return int(op_flops(n.op, ins, outs, n.attrs))
 
 
-def _matching_graph(graph: Graph, program: Program, dtype: str) -> Graph:
-    """The canonical graph the Program was compiled from: `graph` itself if its node outputs match the step labels,
-    else graph canonicalised and cast as compile_model does."""
-    outs = _node_index(graph)
-    targets = [label_target(s.label) for s in program.steps if label_target(s.label)[1]]
-    if all(t in outs and outs[t].op == op for op, t in targets):
-        return graph
-    from tremula.compiler import canonical, cast_graph
-
-    return cast_graph(canonical(graph), dtype)
-
-
 # ------------------------------------------------------------------------------------------------ build
 
 
@@ -346,14 +334,16 @@ def _by_step(program: Program, exchanges: list[StepExchange] | None) -> dict[int
     return out
 
 
-def build_profile(result, graph: Graph, chip, model: str | None = None, keep_tile_cycles: bool = True,
+def build_profile(result, chip, model: str | None = None, keep_tile_cycles: bool = True,
                   exchanges: list[StepExchange] | None = None) -> Profile:
-    """Profile of a CompileResult: `graph` is the model graph it was compiled from (raw or canonical), `chip` a Chip.
-    `exchanges`: schedule_program's rows for result.program; when given, exchange cycles (and everything summed from
-    them) are the timetables' makespans and the profile carries the bounds, the ratios and the exchange code."""
+    """Profile of a CompileResult on `chip`, its steps attributed to the nodes of the graph it planned (`graph`: FP8
+    storage ops included). `exchanges`: schedule_program's rows for result.program; when given, exchange cycles (and
+    everything summed from them) are the timetables' makespans and the profile carries the bounds, the ratios and the
+    exchange code."""
     program: Program = result.program
-    planned = getattr(result, "graph", None)  # the graph as planned (FP8 storage ops included), when kept
-    graph = planned if planned is not None else _matching_graph(graph, program, result.dtype)
+    graph: Graph | None = result.graph
+    if graph is None:
+        raise ValueError("a profile attributes steps to the planned graph: this result does not hold one")
     T = program.tiles
     rows, per_tile_steps, step_tiles = step_rows(program, chip, keep_tile_cycles, exchanges)
 

@@ -1,0 +1,136 @@
+"""The graph stages the driver chains: canonical form, the precision policy, and planning under memory budgets.
+
+`plan_graph` turns a graph into a plan and its memory plan (no Program yet); compile_model (compiler.py), the batch
+search (batch_search.py) and the FP8 calibration (fp8_calibration.py) all go through these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tremula.errors import TremulaError
+from tremula.ir.graph import Constant, DerivedInit, Graph, Node
+from tremula.ir.interp import infer_types
+from tremula.plan.finalize import memory_plan
+from tremula.plan.layers import layer_key
+from tremula.plan.lower_ops import Lowerer
+
+Progress = Callable[[str, int, int], None]
+DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16", "fp8": "fp8"}
+# Planner budgets tried in turn until a plan fits: (operand block, permanent bytes of the matmuls), as fractions of a
+# tile's SRAM (see plan/strategies.py), and whether identical layers share one copy of their code (plan/share.py).
+# The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets trade cycles for memory. Sharing streams
+# every layer's weights to all its tiles, which cost SigLIP so400m 0.1 % of its cycles at batch 4, and holds one
+# layer's vertex state and exchange code instead of one per layer (91 KB a tile less there). A graph without
+# numbered layers skips the shared budget; a graph with them stops after it: once layers share, the permanent budgets
+# change nothing, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of host memory to plan.
+PLAN_BUDGETS = ((0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True), (0.12, 0.3, False), (0.12, 0.2, False),
+                (0.04, 0.2, False))
+
+
+def canonical(graph: Graph) -> Graph:
+    try:
+        from tremula.passes import canonicalize
+    except ImportError:  # passes not installed in this build: the graph must already be canonical
+        return infer_types(graph.copy())
+    return canonicalize(graph)
+
+
+def cast_graph(graph: Graph, dtype: str) -> Graph:
+    """The graph with every float32 tensor (constants, inputs, casts) in `dtype`; float32 returns it unchanged."""
+    if dtype == "float32":
+        return graph
+    g = graph.copy()
+    for name, c in list(g.constants.items()):
+        if c.type.dtype == "float32":
+            t = type(c.type)(c.type.shape, dtype)
+            if c.is_lazy:  # made from the float32 constant, so a graph that shares it makes the values once
+                g.constants[name] = Constant(name, t, init=DerivedInit(c, _to_dtype(dtype), f"{dtype} cast"))
+            else:  # saturate like the hardware's float->half conversion (a -3.4e38 mask fill becomes -65504, not -inf)
+                fmax = float(np.finfo(dtype).max)
+                g.constants[name] = Constant(name, t, data=np.clip(c.data, -fmax, fmax).astype(dtype))
+            g.types[name] = t
+    for name in g.inputs:
+        t = g.types[name]
+        if t.dtype == "float32":
+            g.types[name] = type(t)(t.shape, dtype)
+    g.nodes = [Node(n.op, n.inputs, n.outputs, {**n.attrs, "to": dtype} if n.op == "Cast" and n.attrs.get("to") ==
+                    "float32" else n.attrs, n.name) for n in g.nodes]
+    return infer_types(g)
+
+
+def _to_dtype(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda v: v.astype(dtype)  # as LazyInit.make rounds its float32 draws: the same values
+
+
+def resolve_dtype(dtype: str) -> str:
+    if dtype not in DTYPES:
+        raise TremulaError(f"unsupported --dtype {dtype!r}: use fp32, fp16 or fp8")
+    return DTYPES[dtype]
+
+
+def lower_precision(graph: Graph, dtype: str, chip=None, scales: dict[str, int] | None = None) -> Graph:
+    """The canonical graph in `dtype`. fp8 is the mixed policy (passes/precision.py): FP8 operands for every Linear
+    with calibrated activation scales, stored as codes for the AMP's quarter path; FP16 everywhere else."""
+    g = canonical(graph)
+    if dtype != "fp8":
+        return cast_graph(g, dtype)
+    from tremula.passes.precision import fp8_linear_casts, fp8_storage, with_scales
+
+    g = cast_graph(with_scales(fp8_linear_casts(g), scales or {}), "float16")
+    return fp8_storage(g, chip.amp_pair("fp8", "fp16").weights_per_conv_unit)
+
+
+def check_fp8(chip, dtype: str) -> None:
+    if dtype == "fp8" and not chip.supports("fp8"):
+        raise TremulaError(f"chip {chip.name} has no FP8 matmul unit (FP8 needs an ipu21 such as c600); "
+                           "use --dtype fp16")
+
+
+def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
+               scales: dict[str, int] | None = None, shared_only: bool = False):
+    """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
+    shared_only: skip the budgets without shared layers (the caller knows they do not fit)."""
+    g = lower_precision(graph, dtype, chip, scales)
+    # Tighter budgets mean more rounds or fewer tiles per matmul: the first plan that fits is kept, else the one with
+    # the lowest peak. Only one lowering is alive at a time (a base model's is gigabytes at large batches): when the
+    # lowest peak was not the last one tried, it is lowered again.
+    best: tuple | None = None  # (peak bytes, budget index)
+    futile: dict[bool, float] = {}  # share mode -> the budget below which its tighter budgets cannot help
+    layered = len({layer_key(n.name or n.outputs[0]) for n in g.nodes} - {None}) > 1  # identical layers to share, maybe
+    tried_shared = False
+    for i, (frac, perm, share) in enumerate(PLAN_BUDGETS):
+        if frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
+                                                                         (shared_only or tried_shared)):
+            continue
+        tried_shared = tried_shared or share
+        plan = state = live = None  # drop the previous lowering before making the next
+        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share).lower()
+        mp, live, reserved = memory_plan(state, chip)
+        plan = (state, mp, live, reserved)
+        if best is None or mp.peak_bytes < best[0]:
+            best = (mp.peak_bytes, i)
+        # Budgets shrink only buffers, vertex state and exchange code: when the rest alone overflows, stop. A tighter
+        # temporary budget shrinks buffers by cutting ops into more rounds, each with its own vertex state and exchange
+        # code: it cannot help when the buffers are less than the overflow, nor when those per-round bytes already
+        # outweigh the buffers (SigLIP so400m at batch 6 and 8: such plans took over 18 GB to lower and were larger).
+        # (The rest is the categories' bytes: the free bytes below the peak, e.g. matmul operands kept in separate
+        # memory elements, move with the buffers.)
+        cat = mp.by_category
+        fixed = sum(v for c, v in cat.items() if c not in ("buffers", "vertex_state", "exchange_code"))
+        if mp.fits or fixed > chip.sram_bytes_per_tile:
+            break
+        if cat.get("buffers", 0) < max(mp.peak_bytes - chip.sram_bytes_per_tile,
+                                       cat.get("vertex_state", 0) + cat.get("exchange_code", 0)):
+            futile[share] = frac  # judged on the last plan of this mode before a tighter one
+        else:
+            futile.pop(share, None)
+    assert best is not None and plan is not None
+    if best[1] != i:
+        plan = state = live = None
+        frac, perm, share = PLAN_BUDGETS[best[1]]
+        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share).lower()
+        plan = (state, *memory_plan(state, chip))
+    return (g, *plan)

@@ -9,8 +9,7 @@ from collections.abc import Callable
 
 from tremula import limits
 from tremula.frontends.rebatch import FixedBatch
-from tremula.ir.graph import Graph
-from tremula.model_info import model_batch
+from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import Progress, canonical, plan_graph, resolve_dtype
 
 MAX_AUTO_BATCH = 4096

@@ -11,9 +11,8 @@ import numpy as np
 from tremula.compiler import CompileResult, ModelSpec, builder, compile_model
 from tremula.errors import TremulaError
 from tremula.feeds import make_feeds
-from tremula.ir.graph import Graph
+from tremula.ir.graph import Graph, model_batch
 from tremula.ir.interp import run
-from tremula.model_info import model_batch
 from tremula.pipeline import Progress, canonical
 
 
@@ -94,10 +93,10 @@ def check_matched(res: CompileResult, feeds: dict[str, np.ndarray], got: dict[st
     from tremula.sim.reference import REORDERINGS, matched_reference
 
     assert res.graph is not None
-    ref = matched_reference(res.graph, res.strategies, feeds)
+    ref = matched_reference(res.graph, res.split_sums, feeds)
     # The reorderings (two more runs of the reference) only matter where the error is above the resolution floor.
     need = any(_errors(got[o], ref[o])[0] > MATCHED_MIN_REL_ERR for o in res.graph.outputs)
-    alts = [matched_reference(res.graph, res.strategies, feeds, reorder=r) for r in REORDERINGS] if need else []
+    alts = [matched_reference(res.graph, res.split_sums, feeds, reorder=r) for r in REORDERINGS] if need else []
     return [compare_matched(o, got[o], ref[o], [a[o] for a in alts]) for o in res.graph.outputs]
 
 

@@ -19,8 +19,7 @@ from tremula.batch_search import find_max_batch, refuse_oversize
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibrate
 from tremula.frontends.rebatch import FixedBatch
-from tremula.ir.graph import Graph
-from tremula.model_info import model_batch
+from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import Progress, check_fp8, plan_graph, resolve_dtype
 from tremula.plan.finalize import to_program
 from tremula.program import Program, host_stream_bytes
@@ -77,6 +76,8 @@ class CompileResult:
     exchange_cycles: int
     sync_cycles: int
     strategies: dict[str, str] = field(default_factory=dict)
+    # node -> (what, cuts) of the sums the plan splits (plan/state.py `split_sums`): what the matched reference follows
+    split_sums: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     shared_layers: int = 0  # layers that run a template layer's code (plan/share.py)
     # Host link: the Program's input streams before the forward and its output streams after it
     # (cost.host_transfer_cycles of the bytes they carry); not part of `cycles`, which stays device cycles.
@@ -236,7 +237,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         comp, exch, sync = comp + c, exch + e, sync + y
     res = CompileResult(program, mp.fits, batch, dt, mp.fullest_tile, mp.peak_bytes, mp.peak_time // 2,
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
-                        dict(state.strategies), graph=g, source=graph)
+                        dict(state.strategies), dict(state.split_sums), graph=g, source=graph)
     res.shared_layers = state.sharing.shared_layers if getattr(state, "sharing", None) is not None else 0
     res.host_in_bytes, res.host_out_bytes = host_stream_bytes(program.host_in), host_stream_bytes(program.host_out)
     res.host_in_cycles = host_transfer_cycles(chip, res.host_in_bytes)

@@ -8,8 +8,7 @@ from tremula.batch_search import refuse_oversize
 from tremula.errors import TremulaError
 from tremula.feeds import index_tables, make_feeds
 from tremula.frontends.rebatch import FixedBatch
-from tremula.ir.graph import Graph
-from tremula.model_info import model_batch
+from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import canonical
 
 CALIBRATION_SEED = 1  # seeded calibration inputs differ from check's inputs (seed 0): scales are not fit to the test

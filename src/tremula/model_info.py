@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tremula.ir.graph import Graph
+from tremula.ir.graph import Graph, model_batch
 from tremula.ir.ops import flops
 
 
@@ -34,15 +34,6 @@ class ModelInfo:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def model_batch(graph: Graph) -> int | None:
-    """The batch a graph really has: the first dim all its inputs share (None when they disagree or have none).
-
-    Frontends put the batch first on every input (a fixed-batch ONNX file at its own batch or rebatched), so this is
-    what reports must state, not the batch that was asked for."""
-    firsts = {graph.types[i].shape[0] for i in graph.inputs if graph.types[i].shape}
-    return firsts.pop() if len(firsts) == 1 else None
 
 
 MAX_SHAPES_SHOWN = 3  # distinct shapes listed per op; the rest are counted

@@ -44,8 +44,8 @@ def _setup(dtype: str, kind: str = "default", chip: str = "c600", batch: int = 2
             ref, alt = run(g, feeds), []
         else:
             assert res.graph is not None
-            ref = matched_reference(res.graph, res.strategies, feeds)
-            alt = [matched_reference(res.graph, res.strategies, feeds, reorder=r) for r in REORDERINGS]
+            ref = matched_reference(res.graph, res.split_sums, feeds)
+            alt = [matched_reference(res.graph, res.split_sums, feeds, reorder=r) for r in REORDERINGS]
         _CACHE[(kind, dtype)] = Setup(res, feeds, ref, alt)
     return _CACHE[(kind, dtype)]
 

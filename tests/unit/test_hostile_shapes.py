@@ -26,7 +26,8 @@ from tremula.frontends import load_model
 from tremula.frontends.onnx_import import import_onnx
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.frontends.zoo import build_zoo
-from tremula.model_info import describe, model_batch
+from tremula.ir.graph import model_batch
+from tremula.model_info import describe
 from tremula.pipeline import canonical
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime checks the rebatched graphs")

@@ -1,6 +1,6 @@
 """Imports run down only (ARCHITECTURE.md): every module under src/tremula, read as an AST, imports only its own layer
-and the layers its layer may import. Imports inside functions count too; the few that still run backwards are listed
-in KNOWN with the reason each remains."""
+and the layers its layer may import. Imports inside functions count too; an exception would be listed in KNOWN with
+its reason (none is)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,8 @@ MAY_IMPORT = {
     "backend": {"base", "ir", "program", "codelets"},  # never the planner's internals, never the driver
     "driver": {"base", "ir", "graph", "program", "codelets", "planner", "backend"},
 }
-# (importing module, imported module prefix) -> why it is still allowed.
-KNOWN = {
-    ("tremula.sim.reference", "tremula.plan.layout"):
-        "the precision-matched reference splits K with the planner's even_cuts, to sum in the Program's order",
-    ("tremula.frontends.rebatch", "tremula.model_info"):
-        "model_batch, the batch a Graph has, is a query on the IR that still lives in model_info",
-}
+# (importing module, imported module prefix) -> why it is still allowed. None are left; an entry needs its reason.
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

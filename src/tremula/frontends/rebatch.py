@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tremula.errors import TremulaError
-from tremula.ir.graph import Constant, Graph, Node, TensorType
+from tremula.ir.graph import Constant, Graph, Node, TensorType, model_batch
 from tremula.ir.interp import infer_types
 from tremula.ir.ops import OPS
-from tremula.model_info import model_batch
 
 _ELEMENTWISE = {name for name, d in OPS.items() if d.elementwise}  # (ir/ops.py rows)
 

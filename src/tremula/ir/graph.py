@@ -193,3 +193,12 @@ class Graph:
         while f"{base}_{i}" in self.types:
             i += 1
         return f"{base}_{i}"
+
+
+def model_batch(graph: Graph) -> int | None:
+    """The batch a graph really has: the first dim all its inputs share (None when they disagree or have none).
+
+    Frontends put the batch first on every input (a fixed-batch ONNX file at its own batch or rebatched), so this is
+    what reports must state, not the batch that was asked for."""
+    firsts = {graph.types[i].shape[0] for i in graph.inputs if graph.types[i].shape}
+    return firsts.pop() if len(firsts) == 1 else None

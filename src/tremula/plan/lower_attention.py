@@ -276,5 +276,7 @@ class AttentionLowering:
             dts = (ot.dtype,) * nk + ("float32",) * nk + (ot.dtype,)
             self.compute([self.group("attention_combine", dts, tl[oi], [nk], cops)], f"Attention {out} combine{tag}")
         self.set_output(value, lay)
+        if nk > 1:
+            self.split_sums[node.name or out] = ("keys", tuple(int(c) for c in kcuts))
         self.strategies[node.name or out] = (f"attention, {bh} heads x {nq} query blocks x {nk} key blocks over "
                                              f"{len(used)} tiles" + (f" in {rounds} rounds" if rounds > 1 else ""))

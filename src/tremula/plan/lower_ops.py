@@ -432,6 +432,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                      f"LayerNorm {out}")
         self.set_output(out, res)
         self.strategies[node.name or out] = f"LayerNorm on {nr} x {nc} blocks in place"
+        self.split_sums[node.name or out] = ("columns", tuple(int(c) for c in src.col_cuts))
         return True
 
     def block_operands_rowvec(self, value: str, lay: Layout, tag: str) -> tuple:
@@ -562,6 +563,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
                                  bias, meta)
         self.strategies[node.name or out] = str(st)
+        if pk > 1:
+            self.split_sums[node.name or out] = ("k", tuple(int(c) for c in kcuts))
 
     def _weight_operand(self, name: str, const: str, dtype: str, tl, home, src_i, r0, r1, c0, c1):
         """Block [r0:r1, c0:c1] of a constant for every tile of a matmul: (buffer, offset) per tile. Resident on

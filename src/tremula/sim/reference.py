@@ -4,7 +4,7 @@ The float32 reference answers "how accurate is fp16/fp8?"; it cannot answer "did
 Program?", because a 4-byte shift moves an fp16 output less than fp16 rounding does. This reference evaluates the
 planned graph (half tensors, FP8 casts and quarter matmuls) with the interpreter's rules, which already accumulate as
 the codelets do (half products in float32, quarter products in half after every group of K), except where the plan
-changes the arithmetic (read from the compile's strategies):
+changes the arithmetic (the compile's `split_sums`: each split sum and its cuts, as the planner made them):
 - a Linear whose K is split over pk tiles sums pk partials (float32 for half inputs, half values for the quarter AMP)
   in float32 and rounds once, as `matmul_partial` / `matmul_fp8` + `reduce_partials` do;
 - a LayerNorm kept in place on nc column blocks combines per-block (mean, M2) moments (`layernorm_moments`,
@@ -17,7 +17,6 @@ every formula here is per row, so the blocking of rows does not change a value).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from itertools import pairwise
 
@@ -26,25 +25,8 @@ import numpy as np
 from tremula.ir.graph import Graph, Node
 from tremula.ir.interp import run
 from tremula.ir.ops import RefRule
-from tremula.plan.layout import even_cuts
 
-_PK = re.compile(r"^linear .*\bpk=(\d+)\b")
-_LN_BLOCKS = re.compile(r"^LayerNorm on \d+ x (\d+) blocks in place")
-_KEY_BLOCKS = re.compile(r"^attention, .* x (\d+) key blocks")
-
-
-def _counts(strategies: Mapping[str, str], pattern: re.Pattern) -> dict[str, int]:
-    out = {}
-    for name, s in strategies.items():
-        m = pattern.match(s)
-        if m and int(m.group(1)) > 1:
-            out[name] = int(m.group(1))
-    return out
-
-
-def k_splits(strategies: Mapping[str, str]) -> dict[str, int]:
-    """node name -> pk for the Linears the plan splits over K (pk > 1), read from the compile's strategies."""
-    return _counts(strategies, _PK)
+SplitSums = Mapping[str, tuple[str, tuple[int, ...]]]  # node -> ("k" | "columns" | "keys", cuts): plan/state.py
 
 
 MatMulFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -71,13 +53,12 @@ def _mm_reversed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 REORDERINGS: dict[str, MatMulFn] = {"float64": _mm64, "reversed": _mm_reversed}
 
 
-def _split_k_ref(op: str, pk: int, attrs: Mapping, mm: MatMulFn = _mm32) -> RefRule:
-    """x @ w (+ b) as pk K-part partials summed in float32 in part order, rounded to the output dtype, then the bias."""
+def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = _mm32) -> RefRule:
+    """x @ w (+ b) as K-part partials (K cut at `cuts`) summed in float32 in part order, rounded to the output dtype,
+    then the bias."""
 
     def ref(xs, a):
         x, w = xs[0], xs[1]
-        k = x.shape[-1]
-        cuts = even_cuts(k, pk)
         if op == "LinearFp8":
             from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul
 
@@ -104,14 +85,14 @@ def _split_k_ref(op: str, pk: int, attrs: Mapping, mm: MatMulFn = _mm32) -> RefR
     return ref
 
 
-def _ln_blocks_ref(nc: int) -> RefRule:
-    """LayerNorm from the moments of nc column blocks, combined in part order (codelets/norm.py _ln_apply)."""
+def _ln_blocks_ref(cuts: tuple[int, ...]) -> RefRule:
+    """LayerNorm from the moments of the column blocks between `cuts`, combined in part order (codelets/norm.py
+    _ln_apply)."""
 
     def ref(xs, a):
         x, g = xs[0], xs[1]
         b = xs[2] if len(xs) > 2 else None
         cols = x.shape[-1]
-        cuts = even_cuts(cols, nc)
         acc = x.astype(np.float32)
         mus, m2s = [], []
         for c0, c1 in pairwise(cuts):
@@ -151,8 +132,8 @@ def _attention_ref(mm: MatMulFn) -> RefRule:
     return ref
 
 
-def _key_split_ref(nk: int, mm: MatMulFn = _mm32) -> RefRule:
-    """Attention over nk key blocks: per block p @ v (stored in the attention's dtype), row max and row sum; combined
+def _key_split_ref(cuts: tuple[int, ...], mm: MatMulFn = _mm32) -> RefRule:
+    """Attention over the key blocks between `cuts`: per block p @ v (stored in the attention's dtype), row max and row sum; combined
     in float32 (codelets/attention.py _attention_partial, _attention_combine)."""
 
     def ref(xs, a):
@@ -160,7 +141,6 @@ def _key_split_ref(nk: int, mm: MatMulFn = _mm32) -> RefRule:
         mask = xs[3] if len(xs) > 3 else None
         acc = np.dtype(np.float32) if q.dtype == np.float16 else q.dtype
         sq, sk = q.shape[-2], k.shape[-2]
-        cuts = even_cuts(sk, nk)
         pvs, tops, sums = [], [], []
         for k0, k1 in pairwise(cuts):
             s = mm(q.astype(acc), np.swapaxes(k[..., k0:k1, :].astype(acc), -1, -2)) * acc.type(a["scale"])
@@ -186,7 +166,7 @@ def _key_split_ref(nk: int, mm: MatMulFn = _mm32) -> RefRule:
     return ref
 
 
-def matched_reference(planned: Graph, strategies: Mapping[str, str], feeds: dict[str, np.ndarray],
+def matched_reference(planned: Graph, split_sums: SplitSums, feeds: dict[str, np.ndarray],
                       reorder: str | None = None) -> dict[str, np.ndarray]:
     """The outputs of the planned graph on `feeds`, rounded and accumulated as the Program computes them.
 
@@ -195,24 +175,25 @@ def matched_reference(planned: Graph, strategies: Mapping[str, str], feeds: dict
     and this reference agree exactly only while no sum is long enough for the order to matter. `reorder` (a key of
     REORDERINGS) sums every float matmul in another legal order instead: how far that moves the outputs measures how
     far such reorderings move them for this model and input (`check_model` sets its tolerance from the largest)."""
-    split = k_splits(strategies)
-    ln_blocks = _counts(strategies, _LN_BLOCKS)
-    key_blocks = _counts(strategies, _KEY_BLOCKS)
     mm = REORDERINGS[reorder] if reorder else _mm32
 
+    def cuts(node: Node, what: str) -> tuple[int, ...] | None:
+        kind, at = split_sums.get(node.name or node.outputs[0], ("", ()))  # (the planner's key: plan/lower_ops.py)
+        return at if kind == what else None
+
     def override(node: Node) -> RefRule | None:
-        key = node.name or node.outputs[0]  # the planner's strategies key (plan/lower_ops.py)
-        if node.op == "LayerNorm" and key in ln_blocks:
-            return _ln_blocks_ref(ln_blocks[key])
+        if node.op == "LayerNorm" and cuts(node, "columns"):
+            return _ln_blocks_ref(cuts(node, "columns"))
         if node.op == "Attention":
-            return _key_split_ref(key_blocks[key], mm) if key in key_blocks else (_attention_ref(mm) if reorder
-                                                                                    else None)
+            keys = cuts(node, "keys")
+            return _key_split_ref(keys, mm) if keys else (_attention_ref(mm) if reorder else None)
         w = node.inputs[1] if len(node.inputs) > 1 else None
         const_w = w in planned.constants and len(planned.types[w].shape) == 2
-        if node.op in ("Linear", "MatMul", "LinearFp8") and const_w and (key in split or reorder):
-            if node.op == "LinearFp8" and key not in split:
+        k = cuts(node, "k")
+        if node.op in ("Linear", "MatMul", "LinearFp8") and const_w and (k or reorder):
+            if node.op == "LinearFp8" and not k:
                 return None  # quarter products are exact in float32: no order to vary
-            return _split_k_ref(node.op, split.get(key, 1), node.attrs, mm)
+            return _split_k_ref(node.op, k or (0, planned.types[w].shape[0]), node.attrs, mm)
         if node.op == "MatMul" and reorder:  # activation x activation products
             return lambda xs, a: [mm(xs[0], xs[1]).astype(xs[0].dtype)]
         return None

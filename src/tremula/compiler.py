@@ -76,7 +76,7 @@ class CompileResult:
     exchange_cycles: int
     sync_cycles: int
     strategies: dict[str, str] = field(default_factory=dict)
-    # node -> (what, cuts) of the sums the plan splits (plan/state.py `split_sums`): what the matched reference follows
+    # node (its first output) -> (what, cuts) of the sums the plan splits (plan/state.py `split_sums`): what the matched reference follows
     split_sums: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     shared_layers: int = 0  # layers that run a template layer's code (plan/share.py)
     # Host link: the Program's input streams before the forward and its output streams after it

@@ -82,6 +82,18 @@ class Destination:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """What a step computes, as data (reports attribute steps by it, never by parsing labels): the graph node (the
+    planner's key: its name, else its first output), its op, the value the step writes, and the phase of the op's
+    lowering ("" for the op itself, or "partials", "reduce", "moments", "combine")."""
+
+    node: str
+    op: str
+    value: str
+    phase: str = ""
+
+
+@dataclass(frozen=True)
 class Transfer:
     """Copy `rows` rows of `row_bytes` bytes from src (rows `src_stride` apart) to every destination (multicast)."""
 
@@ -181,8 +193,9 @@ class Step:
     call's patch applied, made afresh on every access (so a corrupted template or patch is what runs)."""
 
     def __init__(self, compute: list[VertexGroup], exchange: TransferTable, label: str = "",
-                 call: Call | None = None, template: Step | None = None):
+                 call: Call | None = None, template: Step | None = None, origin: Origin | None = None):
         self._compute, self._exchange, self.label, self.call, self._template = compute, exchange, label, call, template
+        self.origin = origin  # None: an exchange-only step (a re-layout for the next step)
         if call is not None:
             if template is None or template.call is not None:
                 raise TremulaError("a shared layer's step must call a step that has code of its own")
@@ -468,6 +481,19 @@ def _load_call(cm: dict, template: Step, c: dict[str, np.ndarray], cur: dict[str
     return Call(cm["template"], fields, take("base_tiles", cm["n_base"]), take("base", cm["n_base"]))
 
 
+def _save_origin(o: Origin | None) -> list[str] | None:
+    return None if o is None else [o.node, o.op, o.value, o.phase]
+
+
+def _load_origin(sm: dict) -> Origin | None:
+    o = sm.get("origin")  # (files written before steps carried origins have none)
+    if o is None:
+        return None
+    if not (isinstance(o, list) and len(o) == 4 and all(isinstance(x, str) for x in o)):
+        raise TremulaError(f"not a tremula program: step {sm.get('label')!r} has a malformed origin")
+    return Origin(*o)
+
+
 def save_program(program: Program, path: str | Path) -> None:
     """Write the Program to one file; the same Program always gives the same bytes."""
     groups_meta, steps_meta = [], []
@@ -477,7 +503,8 @@ def save_program(program: Program, path: str | Path) -> None:
     fp8 = program.provenance.fp8_consts  # weight codes' formats by constant name (the Program alone cannot tell)
     for s in program.steps:
         if s.call is not None:  # a shared layer's step: only what differs from its template
-            steps_meta.append({"label": s.label, "call": _save_call(s.call, cparts)})
+            steps_meta.append({"label": s.label, "origin": _save_origin(s.origin),
+                               "call": _save_call(s.call, cparts)})
             continue
         gids = []
         for g in s.compute:
@@ -487,8 +514,8 @@ def save_program(program: Program, path: str | Path) -> None:
             for k in _GROUP_ARRAYS:
                 gparts[k].append(np.asarray(getattr(g, k)).reshape(-1))
         ex = s.exchange
-        steps_meta.append({"label": s.label, "groups": gids, "n_transfers": len(ex), "n_dests": len(ex.d_tile),
-                           "based": ex.based is not None})
+        steps_meta.append({"label": s.label, "origin": _save_origin(s.origin), "groups": gids, "n_transfers": len(ex),
+                           "n_dests": len(ex.d_tile), "based": ex.based is not None})
         for k in _TT_ARRAYS:
             a = getattr(ex, k)
             tparts[k].append(a[1:] if k == "dst_start" else a)  # per-step dst_start rebuilt from counts at load
@@ -587,7 +614,8 @@ def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
     for sm in header["steps"]:
         if "call" in sm:
             tmpl = steps[sm["call"]["template"]]
-            steps.append(Step([], TransferTable.empty(), sm["label"], _load_call(sm["call"], tmpl, calls, ccur), tmpl))
+            steps.append(Step([], TransferTable.empty(), sm["label"], _load_call(sm["call"], tmpl, calls, ccur), tmpl,
+                              _load_origin(sm)))
             continue
         n, m = sm["n_transfers"], sm["n_dests"]
         starts = np.concatenate([[0], t["dst_start"][tc: tc + n]]).astype(np.int64)  # stored per step, relative
@@ -599,7 +627,7 @@ def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
         if sm.get("based"):
             ex.based = take_based(n)
         tc, dc = tc + n, dc + m
-        steps.append(Step([groups[i] for i in sm["groups"]], ex, sm["label"]))
+        steps.append(Step([groups[i] for i in sm["groups"]], ex, sm["label"], origin=_load_origin(sm)))
     bt = BufferTable(header["buffers"]["names"], header["buffers"]["category"],
                      *[arrays[f"b_{k}"] for k in _BT_ARRAYS])
     bt.b_tiles = bt.b_tiles.astype(np.int32)

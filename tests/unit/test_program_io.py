@@ -26,6 +26,7 @@ def test_roundtrip_is_byte_identical(tmp_path, chip):
     assert [g.codelet for g in s0.compute] == [g.codelet for g in s1.compute]
     np.testing.assert_array_equal(s0.exchange.d_addr, s1.exchange.d_addr)
     assert p2.consts == res.program.consts and p2.host_in == res.program.host_in
+    assert [s.origin for s in p2.steps] == [s.origin for s in res.program.steps]  # provenance kept
 
 
 def test_two_compiles_give_identical_files(tmp_path, chip):

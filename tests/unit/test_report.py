@@ -11,7 +11,7 @@ from tremula.compiler import compile_model
 from tremula.frontends import load_model
 from tremula.program import BufferTable, Program, Step, TransferTable
 from tremula.report import build_profile, report_paths
-from tremula.report.profile import CATEGORIES, OpRow, StepRow, label_target, live_bytes, tile_work
+from tremula.report.profile import CATEGORIES, OpRow, StepRow, live_bytes, tile_work
 from tremula.report.trace import tile_group_bounds, trace_events, write_trace
 from tremula.report.why import classify
 from tremula.target.chip import load_chip
@@ -133,10 +133,18 @@ def test_live_bytes_by_half_step():
     assert [int(live["buffers"][hs(t), 1]) for t in range(-1, 6)] == [0, 0, 0, 0, 5, 0, 0]
 
 
-def test_label_target():
-    assert label_target("Linear enc.dense_28 partials (2/3)") == ("Linear", "enc.dense_28")
-    assert label_target("Attention a_20") == ("Attention", "a_20")
-    assert label_target("exchange") == ("", "")
+def test_steps_carry_their_origin_as_data(tiny):
+    """Every compute step names its node, op, value and phase; the profile attributes steps by them, not by labels."""
+    _, graph, res, prof = tiny
+    nodes = {(n.name or n.outputs[0], n.op) for n in res.graph.nodes}  # (node names need not be unique)
+    computes = [s for s in res.program.steps if s.compute]
+    assert computes and all(s.origin is not None for s in computes)
+    for s in computes:
+        assert (s.origin.node, s.origin.op) in nodes and s.label.startswith(f"{s.origin.op} {s.origin.value}")
+    assert {s.origin.phase for s in computes} <= {"", "partials", "reduce", "moments", "combine"}
+    assert all(s.origin is None for s in res.program.steps if not s.compute and s.call is None)
+    by_index = {r.index: r for r in prof.steps}
+    assert all(by_index[k].op == s.origin.op for k, s in enumerate(res.program.steps) if s.origin is not None)
 
 
 # ------------------------------------------------------------------------------------------------ why

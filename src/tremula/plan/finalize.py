@@ -105,7 +105,7 @@ def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reser
         table = TransferTable(t.src_tile.astype(np.int32), res(t.src_buf, t.src_tile) + t.src_rel, t.rows,
                               t.row_bytes, t.src_stride, t.dst_start, t.d_tile.astype(np.int32),
                               res(t.d_buf, t.d_tile) + t.d_rel, t.d_stride)
-        steps.append(Step(groups, table, st.label))
+        steps.append(Step(groups, table, st.label, origin=st.origin))
     sharing = getattr(state, "sharing", None)
     if sharing is not None:
         steps = _calls(state, sharing, steps)
@@ -158,7 +158,7 @@ def _calls(state: LoweringState, sharing, steps: list[Step]) -> list[Step]:
             ac, pc = patch_columns(ga, gb, is_w)
             fields.append(FieldPatch(ac, pb.addrs[:, ac], pc, pb.params[:, pc]))
         base_tiles, base = _weight_base(tmpl.exchange, mine.exchange, mine.label)
-        call = Step([], TransferTable.empty(), mine.label, Call(t, fields, base_tiles, base), tmpl)
+        call = Step([], TransferTable.empty(), mine.label, Call(t, fields, base_tiles, base), tmpl, mine.origin)
         for a, b in zip(call.compute, mine.compute):
             if not all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("tiles", "params", "addrs", "shapes")):
                 raise TremulaError(f"internal: step {k} ({mine.label}) is not its template's code with its patch")

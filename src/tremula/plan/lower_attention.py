@@ -170,7 +170,7 @@ class AttentionLowering:
             dtypes.append(ot.dtype)
             params = np.stack([np.full(len(us), int(mask is not None)), np.full(len(us), causal), u_q0[us],
                                np.full(len(us), sq), np.full(len(us), sk), np.full(len(us), scale)], axis=1)
-            self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], f"Attention {out}")
+            self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], out)
         self.set_output(value, lay)
         self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
 
@@ -257,8 +257,7 @@ class AttentionLowering:
             params = np.stack([np.full(n, int(mask is not None)), np.full(n, causal), q_0, np.full(n, sq),
                                np.full(n, sk), np.full(n, scale), k_0], axis=1)
             tag = f" ({r + 1}/{rounds})" if rounds > 1 else ""
-            self.compute([self.group("attention_partial", tuple(dtypes), t_, params, ops)],
-                         f"Attention {out} partials{tag}")
+            self.compute([self.group("attention_partial", tuple(dtypes), t_, params, ops)], out, "partials", tag)
             # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.
             snd = us[~own[us]]
             owner = snd - j_[snd]
@@ -274,9 +273,9 @@ class AttentionLowering:
                     + [(pbuf, pvb, r_, 2)] + [(rbuf, j * (pvb + stb) + pvb, r_, 2) for j in range(nk - 1)])
             cops.append((lay.buf, orel[ob], r_, dv))
             dts = (ot.dtype,) * nk + ("float32",) * nk + (ot.dtype,)
-            self.compute([self.group("attention_combine", dts, tl[oi], [nk], cops)], f"Attention {out} combine{tag}")
+            self.compute([self.group("attention_combine", dts, tl[oi], [nk], cops)], out, "combine", tag)
         self.set_output(value, lay)
         if nk > 1:
-            self.split_sums[node.name or out] = ("keys", tuple(int(c) for c in kcuts))
+            self.split_sums[node.outputs[0]] = ("keys", tuple(int(c) for c in kcuts))
         self.strategies[node.name or out] = (f"attention, {bh} heads x {nq} query blocks x {nk} key blocks over "
                                              f"{len(used)} tiles" + (f" in {rounds} rounds" if rounds > 1 else ""))

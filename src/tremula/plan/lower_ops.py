@@ -103,7 +103,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 self.progress("plan", i, len(g.nodes))
             if node.outputs[0] in self.head_skip:  # a head split or merge attention reads or writes in place
                 continue
-            self.owner = node.name or node.outputs[0]
+            self.owner, self.op = node.name or node.outputs[0], node.op
             if self.share_layers:
                 self._enter(self.owner)
             getattr(self, "_lower_" + self._kind(node.op))(node)
@@ -138,8 +138,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.steps.append(SymStep(label="exchange"))
         self._ex_written = set()
 
-    def compute(self, groups, label: str) -> None:
-        super().compute(groups, label)
+    def compute(self, groups, value: str, phase: str = "", part: str = "") -> None:
+        super().compute(groups, value, phase, part)
         self._ex_written = set()
 
     def take_tiles(self, n: int) -> np.ndarray:
@@ -312,7 +312,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             name, params = "unary", [UNARY_IDS[node.op]]
         if not (name == "fp8_cast" and params[2]):  # stochastic rounding draws its bits per vertex: keep them
             tl, ops = _merge_runs(tl, ops, dtypes)
-        self.compute([self.group(name, dtypes, tl, params, ops)], f"{node.op} {out}")
+        self.compute([self.group(name, dtypes, tl, params, ops)], out)
         self.layouts[out] = lay
         self.strategies[node.name or out] = f"{node.op} on {len(lay.tiles.reshape(-1))} blocks"
 
@@ -363,7 +363,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             name, params = "reduce", [REDUCE_IDS[node.op]]
         ops.append((res.buf, blocks(res)[1], r1 - r0, ocols))
         dtypes.append(ot.dtype)
-        self.compute([self.group(name, tuple(dtypes), tl, params, ops)], f"{node.op} {out}")
+        self.compute([self.group(name, tuple(dtypes), tl, params, ops)], out)
         if node.op == "Softmax" and axes != (rank - 1,):  # move the softmax axis back where it was
             perm = keep + list(axes)
             inv = np.argsort(perm)
@@ -410,7 +410,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         j = np.tile(np.arange(nc), nr)
         self.compute([self.group("layernorm_moments", (xt.dtype, "float32"), tl, [0],
                                  [(src.buf, rel, rows, w), (mbuf, mrel + j * rows * 8, rows, 2)])],
-                     f"LayerNorm {out} moments")
+                     out, "moments")
         # block (i, j) sends its slot j to the nc - 1 other blocks of row block i
         snd = np.repeat(np.arange(nr * nc), nc)
         dst = (snd // nc) * nc + np.tile(np.arange(nc), nr * nc)
@@ -428,11 +428,10 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 dtypes.append(self.types[p].dtype)
         ops.append((res.buf, res.rel.reshape(-1), rows, w))
         params = [f2i(node.attrs.get("epsilon", 1e-5)), int(len(ops) == 5), nc, src.cols]
-        self.compute([self.group("layernorm_apply", tuple(dtypes) + (ot.dtype,), tl, params, ops)],
-                     f"LayerNorm {out}")
+        self.compute([self.group("layernorm_apply", tuple(dtypes) + (ot.dtype,), tl, params, ops)], out)
         self.set_output(out, res)
         self.strategies[node.name or out] = f"LayerNorm on {nr} x {nc} blocks in place"
-        self.split_sums[node.name or out] = ("columns", tuple(int(c) for c in src.col_cuts))
+        self.split_sums[node.outputs[0]] = ("columns", tuple(int(c) for c in src.col_cuts))
         return True
 
     def block_operands_rowvec(self, value: str, lay: Layout, tag: str) -> tuple:
@@ -494,7 +493,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         lay = self.alloc_layout(f"{out}@emb", n, d, dt.dtype, [0, n], ccuts, tl[None, :])
         w = np.diff(ccuts)
         ops = [(ibuf, 0, 1, n), (tbuf, trel, v, w), (lay.buf, lay.rel.reshape(-1), n, w)]
-        self.compute([self.group("embed", (it.dtype, dt.dtype, dt.dtype), tl, [0], ops)], f"Gather {out}")
+        self.compute([self.group("embed", (it.dtype, dt.dtype, dt.dtype), tl, [0], ops)], out)
         self.set_output(out, lay)
         self.strategies[node.name or out] = f"embedding lookup, table columns over {len(tl)} tiles"
 
@@ -564,7 +563,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                                  bias, meta)
         self.strategies[node.name or out] = str(st)
         if pk > 1:
-            self.split_sums[node.name or out] = ("k", tuple(int(c) for c in kcuts))
+            self.split_sums[node.outputs[0]] = ("k", tuple(int(c) for c in kcuts))
 
     def _weight_operand(self, name: str, const: str, dtype: str, tl, home, src_i, r0, r1, c0, c1):
         """Block [r0:r1, c0:c1] of a constant for every tile of a matmul: (buffer, offset) per tile. Resident on
@@ -655,8 +654,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             if bias:
                 ops.append((bias[0][live], bias[1][live], 1, nj[live]))
             ops.append((lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * osz, rows, nj[live]))
-            self.compute([self.group(codelet, dtypes, tl[live], params, ops)],
-                         f"{node.op} {out}" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
+            self.compute([self.group(codelet, dtypes, tl[live], params, ops)], out,
+                         part=f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
         self.set_output(out, lay)
 
     def _linear_split_k(self, node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
@@ -707,8 +706,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             ops = [(xbuf, 0, rows, kl[live]), (wbuf[live], wrel[live], kl[live], nj[live]), *extra,
                    (pbuf, 0, rows, nj[live])]
             dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,)
-            self.compute([self.group(codelet, dts, tl[live], params, ops)],
-                         f"{node.op} {out} partials" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
+            self.compute([self.group(codelet, dts, tl[live], params, ops)], out, "partials",
+                         f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
             # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
             rows_all = r1 - r0
             snd = np.repeat(idx, pk)
@@ -739,8 +738,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 ops.append((bias[0][o_idx], bias[1][o_idx], 1, njo))
             ops.append((lay.buf, orel, sub, njo))
             dtypes = (pdt, pdt) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
-            self.compute([self.group("reduce_partials", dtypes, tl[o_idx], [pk, int(bias is not None)], ops)],
-                         f"{node.op} {out} reduce" + (f" ({u + 1}/{st.serial})" if st.serial > 1 else ""))
+            self.compute([self.group("reduce_partials", dtypes, tl[o_idx], [pk, int(bias is not None)], ops)], out,
+                         "reduce", f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
         self.set_output(out, lay)
 
     _lower_matmul = _lower_linear
@@ -776,7 +775,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 self._rect_gather(sa, ai[us] * m, ai[us] * m + m, k, tl, abuf),
                 self._rect_gather(sb, bi[us] * k, bi[us] * k + k, n, tl, bbuf)]))
             ops = [(abuf, 0, m, k), (bbuf, 0, k, n), (lay.buf, lay.rel[us, 0], m, n)]
-            self.compute([self.group("matmul", (at.dtype, bt.dtype, ot.dtype), tl, [0], ops)], f"MatMul {out}")
+            self.compute([self.group("matmul", (at.dtype, bt.dtype, ot.dtype), tl, [0], ops)], out)
         self.set_output(out, lay)
         self.strategies[node.name or out] = f"batched matmul, {nb} products over {len(used)} tiles"
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from tremula.plan.exchange import SymTransfers
 from tremula.plan.layout import Layout, block_rel_offsets, even_cuts
+from tremula.program import Origin
 
 I64 = np.int64
 ROW_PARTS_PER_SQRT_TILES = 2
@@ -42,6 +43,7 @@ class SymStep:
     groups: list[SymGroup] = field(default_factory=list)
     transfers: list[SymTransfers] = field(default_factory=list)
     label: str = ""
+    origin: Origin | None = None  # what its compute set computes (None: an exchange-only step)
     owners: list[str] = field(default_factory=list)  # per transfer table: the node whose lowering asked for it
     group_owners: list[str] = field(default_factory=list)  # per vertex group: the node it computes
 
@@ -72,6 +74,7 @@ def operand(buf, rel, rows, cols) -> tuple:
 class LoweringState:
     def __init__(self, tiles: int):
         self.owner = ""  # the node being lowered (its name): exchanges are attributed to it for diagnoses
+        self.op = ""  # and its op
         self.T = tiles
         self.bufs: list[BufSpec] = []
         self.steps: list[SymStep] = []
@@ -80,7 +83,7 @@ class LoweringState:
         self.host_out: list[SymStream] = []
         self.layouts: dict[str, Layout] = {}
         self.strategies: dict[str, str] = {}
-        # node -> (what, cuts) of each sum the plan splits, which changes its arithmetic: "k" (a Linear's K parts,
+        # node (its first output) -> (what, cuts) of each sum the plan splits, which changes its arithmetic: "k" (a Linear's K parts,
         # summed in part order), "columns" (a LayerNorm's column blocks, combined moments), "keys" (an attention's
         # key blocks, combined partials). The precision-matched reference (sim/reference.py) follows these cuts.
         self.split_sums: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -151,10 +154,14 @@ class LoweringState:
         self.steps[-1].transfers.append(t.compact())
         self.steps[-1].owners.append(self.owner)
 
-    def compute(self, groups: list[SymGroup], label: str) -> None:
+    def compute(self, groups: list[SymGroup], value: str, phase: str = "", part: str = "") -> None:
+        """A compute step of the node being lowered, writing `value` (in `phase` of the op's lowering; `part`, e.g.
+        " (2/3)", tells the step's round in its label only)."""
         groups = [g for g in groups if len(g.tiles)]
         if groups:
-            self.steps.append(SymStep(groups, [], label, group_owners=[self.owner] * len(groups)))
+            label = f"{self.op} {value}" + (f" {phase}" if phase else "") + part
+            self.steps.append(SymStep(groups, [], label, Origin(self.owner, self.op, value, phase),
+                                      group_owners=[self.owner] * len(groups)))
 
     def group(self, codelet: str, dtypes: tuple[str, ...], tiles, params, operands: list[tuple]) -> SymGroup:
         """operands: per operand (buf, rel, rows, cols), each scalar or an array over the vertices."""

@@ -255,14 +255,6 @@ def _reserved_split(program: Program, chip=None) -> dict[str, np.ndarray]:
 # ------------------------------------------------------------------------------------------------ graph attribution
 
 
-def label_target(label: str) -> tuple[str, str]:
-    """(op, output value name) of a compute step label '<Op> <output>[ partials|reduce][ (u/n)]'; ('', '') else."""
-    parts = label.split(" ")
-    if len(parts) < 2 or label == "exchange":
-        return "", ""
-    return parts[0], parts[1]
-
-
 def _node_index(graph: Graph) -> dict[str, Node]:
     return {o: n for n in graph.nodes for o in n.outputs}
 
@@ -304,7 +296,7 @@ def step_rows(program: Program, chip, keep_tile_cycles: bool = True,
         sent_total = int((ex.rows * ex.row_bytes).sum()) if len(ex) else 0
         max_sent, max_recv = price.max_sent, price.max_received
         lt = np.maximum(live_total[2 * k + 1], live_total[2 * k + 2])  # half-steps 2k and 2k+1 (rows shifted by 1)
-        op, target = label_target(s.label)
+        op, target = (s.origin.op, s.origin.value) if s.origin is not None else ("", "")
         rows.append(StepRow(
             index=k, label=s.label, node=target, op=op, start=t0, compute=comp, sync=sync, exchange=exch,
             tiles_used=int(used.sum()), vertices=int(nv.sum()), mean_tile_cycles=mean,

@@ -26,7 +26,7 @@ from tremula.ir.graph import Graph, Node
 from tremula.ir.interp import run
 from tremula.ir.ops import RefRule
 
-SplitSums = Mapping[str, tuple[str, tuple[int, ...]]]  # node -> ("k" | "columns" | "keys", cuts): plan/state.py
+SplitSums = Mapping[str, tuple[str, tuple[int, ...]]]  # node output -> ("k" | "columns" | "keys", cuts): plan/state.py
 
 
 MatMulFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -178,7 +178,7 @@ def matched_reference(planned: Graph, split_sums: SplitSums, feeds: dict[str, np
     mm = REORDERINGS[reorder] if reorder else _mm32
 
     def cuts(node: Node, what: str) -> tuple[int, ...] | None:
-        kind, at = split_sums.get(node.name or node.outputs[0], ("", ()))  # (the planner's key: plan/lower_ops.py)
+        kind, at = split_sums.get(node.outputs[0], ("", ()))  # by the node's output: node names need not be unique
         return at if kind == what else None
 
     def override(node: Node) -> RefRule | None:

@@ -14,7 +14,7 @@ from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node
 from tremula.ir.interp import infer_types
 from tremula.plan.finalize import memory_plan
-from tremula.plan.layers import layer_key
+from tremula.plan.layers import layer_key, untie_layer_vectors
 from tremula.plan.lower_ops import Lowerer
 
 Progress = Callable[[str, int, int], None]
@@ -100,6 +100,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     best: tuple | None = None  # (peak bytes, budget index)
     futile: dict[bool, float] = {}  # share mode -> the budget below which its tighter budgets cannot help
     layered = len({layer_key(n.name or n.outputs[0]) for n in g.nodes} - {None}) > 1  # identical layers to share, maybe
+    if layered:
+        g = untie_layer_vectors(g)
     tried_shared = False
     for i, (frac, perm, share) in enumerate(PLAN_BUDGETS):
         if frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and

@@ -148,3 +148,32 @@ def test_dynamo_unoptimized_export_folds_its_shape_noise(family: str, tmp_path) 
     path = tmp_path / "model.onnx"
     _export(model, inputs, path, dynamo=True, optimize=False)
     _check(path, model, inputs)
+
+
+def test_legacy_export_shares_its_layers_as_the_zoo_model_does(tmp_path, monkeypatch) -> None:
+    """The legacy exporter stores equal initializers once (a fresh model's LayerNorm scales are all one all-ones
+    vector, its biases one all-zeros vector), so every layer read the first layer's vectors and no layer could run a
+    template's code (issue #14: the seed user's so400m export planned without shared layers, the zoo model with).
+    Planned with shared layers only, the export shares as many as the zoo build of the same architecture."""
+    from tremula import pipeline
+    from tremula.check import check_model
+    from tremula.compiler import compile_model
+    from tremula.models.build import build_from_config
+    from tremula.models.configs import VisionConfig
+    from tremula.models.weights import LazyWeights
+
+    torch.manual_seed(6)
+    dims = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64)
+    model = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(image_size=IMG, patch_size=8,
+                                                                           attn_implementation="eager", **dims))
+    inputs = {"pixel_values": torch.randn(B, 3, IMG, IMG)}
+    path = tmp_path / "siglip.onnx"
+    _export(_LastHidden(model, list(inputs)).eval(), inputs, path, dynamo=False, opset_version=17,
+            dynamic_axes={"pixel_values": {0: "batch"}})
+    monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.12, None, True),))
+    zoo = compile_model(lambda b: build_from_config("siglip", VisionConfig("siglip", 32, 4, 4, 64, IMG, 8, 1e-6,
+                                                                           "gelu_tanh", head=False),
+                                                    LazyWeights(), batch=b), "c600", 2, "fp16")
+    res = check_model(str(path), "c600", 2, "fp16")
+    assert res.passed
+    assert res.compile.shared_layers == zoo.shared_layers == 3

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tremula.ir.graph import Constant, DerivedInit, Graph
 from tremula.plan.exchange import gather_rects, make_transfers
 from tremula.plan.layout import block_rel_offsets, blocks
 from tremula.plan.memory import align
@@ -32,6 +33,38 @@ def layer_key(name: str) -> tuple[str, int] | None:
     """(prefix, index) of the layer a node belongs to, from its name; None outside numbered layers."""
     m = _LAYER.match(name)
     return (m.group(1), int(m.group(2))) if m else None
+
+
+def untie_layer_vectors(graph: Graph) -> Graph:
+    """The graph with every vector constant (rank <= 1) that nodes of several numbered layers read given one copy per
+    layer (the first keeps the original). Exporters store equal initializers once: torch.onnx's legacy exporter keeps
+    one all-ones and one all-zeros vector for every LayerNorm and bias of a freshly initialised model, and a layer
+    whose LayerNorm reads another layer's scale cannot run the template layer's code (plan/share.py needs each
+    layer's constants where the template has its own). A copy shares the original's values (nothing is made twice);
+    on the chip each layer then holds its vectors, as a model with its own per layer does. Matrices stay tied:
+    copying an ALBERT-style shared layer would multiply its weights."""
+    layers: dict[str, list[tuple[str, int]]] = {}
+    for n in graph.nodes:
+        key = layer_key(n.name or n.outputs[0])
+        for v in n.inputs:
+            c = graph.constants.get(v)
+            if key is not None and c is not None and len(c.type.shape) <= 1 and key not in layers.get(v, []):
+                layers.setdefault(v, []).append(key)
+    tied = {v: keys[1:] for v, keys in layers.items() if len(keys) > 1}
+    if not tied:
+        return graph
+    g = graph.copy()
+    for v, keys in tied.items():
+        c = g.constants[v]
+        for prefix, index in keys:
+            name = f"{v}@{prefix}{index}"
+            g.constants[name] = Constant(name, c.type, init=DerivedInit(c, lambda x: x, f"per-layer copy of {v}"))
+            g.types[name] = c.type
+    for n in g.nodes:
+        key = layer_key(n.name or n.outputs[0])
+        if key is not None:
+            n.inputs = [f"{v}@{key[0]}{key[1]}" if key in tied.get(v, ()) else v for v in n.inputs]
+    return g
 
 
 def _rects(a: int, b: int, cols: int) -> list[tuple[int, int, int, int]]:

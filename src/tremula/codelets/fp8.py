@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, dequantize, quantize, round_half_f32
+from tremula.numerics.amp import F16_MAX, half_partial_sums
+from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, dequantize, quantize
 from tremula.target import cost, cost_terms
 
 __all__ = ["FORMATS", "amp_fp8_matmul", "amp_matmul_stack", "format_id"]  # amp_fp8_matmul: the reference, re-exported
@@ -51,16 +52,10 @@ def _cast_cycles(chip, params, shapes, dtypes) -> int:
 
 # code -> float32 value at scale 0, per format (the NaN code decodes to NaN)
 _DECODE = {f: dequantize(np.arange(256, dtype=np.uint8), f, 0, "float32") for f in FORMATS}
-_F16_MAX = float(np.finfo(np.float16).max)
-
-
-round_to_half = round_half_f32  # the running sum's rounding: one definition, beside the reference's matmul
-
 
 # Codes that decode to NaN or inf, per format: only they can make a running sum non-finite (finite products of FP8
 # values stay far below float32's range, and clipping bounds the sum), so without them no per-group check is needed.
 _BAD_CODES = {f: np.flatnonzero(~np.isfinite(_DECODE[f])).astype(np.uint8) for f in FORMATS}
-AMP_BLOCK = 1 << 16  # accumulator elements per block: a block's running sum and products stay in the L2 cache
 
 
 def _finite_codes(codes: np.ndarray, fmt: Fp8Format) -> bool:
@@ -77,9 +72,8 @@ def amp_matmul_stack(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format,
     """`amp_fp8_matmul` on a stack [n, m, k] @ [n, k, n'] with one weight scale per vertex (w_scale [n, 1, 1]).
 
     The same float32 products per group of K (one BLAS matmul per vertex and group, on the same strided blocks), the
-    same scaling, clipping and rounding of the running sum to half after each group, so the result is bit-identical;
-    the running sum stays in float32 holding half values (round_to_half) instead of going through half arrays. The
-    vertices run in blocks whose sums stay in cache across the groups, updated in place.
+    same scaling, clipping and rounding of the running sum to half after each group (numerics/amp.half_partial_sums,
+    which runs the vertices in blocks whose sums stay in cache), so the result is bit-identical.
     """
     x, w = np.take(_DECODE[x_fmt], x_codes), np.take(_DECODE[w_fmt], w_codes)
     n, m, k = x.shape
@@ -88,23 +82,13 @@ def amp_matmul_stack(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format,
         # NaN codes (or an infinite scale): let the half casts carry the NaNs as the reference does
         return _amp_with_half_casts([np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :])
                                      for k0 in range(0, k, group)], scale)
-    out = np.zeros((n, m, w.shape[-1]), np.float32)  # +0, as the reference's zero half partials
-    per = max(1, AMP_BLOCK // max(1, m * w.shape[-1]))
-    for lo in range(0, n, per):
-        xs, ws, sc, acc = x[lo: lo + per], w[lo: lo + per], scale[lo: lo + per], out[lo: lo + per]
-        for k0 in range(0, k, group):
-            part = np.matmul(xs[..., k0: k0 + group], ws[..., k0: k0 + group, :])
-            part *= sc
-            acc += part
-            np.clip(acc, -_F16_MAX, _F16_MAX, out=acc)  # partials saturate
-            round_to_half(acc)
-    return out
+    return half_partial_sums(x, w, group, scale)  # (+0 start, as the reference's zero half partials)
 
 
 def _amp_with_half_casts(parts: list[np.ndarray], scale: np.ndarray) -> np.ndarray:
     acc = np.zeros(parts[0].shape, np.float16)
     for part in parts:
-        acc = np.clip(acc.astype(np.float32) + part * scale, -_F16_MAX, _F16_MAX).astype(np.float16)
+        acc = np.clip(acc.astype(np.float32) + part * scale, -F16_MAX, F16_MAX).astype(np.float16)
     return acc.astype(np.float32)
 
 

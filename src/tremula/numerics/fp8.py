@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from tremula.errors import TremulaError
+from tremula.numerics.amp import F16_MAX, half_partial_sums
 
 
 class Fp8Format(Enum):
@@ -171,58 +172,22 @@ def amp_fp8_matmul(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format, w
     after every group of k, and it is the scaled sum that must fit in half (unscaled F143 products reach 240 x 240,
     which a few dozen terms would overflow). Decoding quarter to half is exact.
 
-    Each group's product is one float32 BLAS matmul; the running sum stays in float32 holding half values
-    (round_half_f32), which gives the same numbers as half arrays in a fraction of NumPy's float16 time. A group's
-    sum of FP8 products is exact in float32, so running it on blocks of rows gives the same bits.
+    The half partials are numerics/amp.half_partial_sums: one float32 BLAS matmul per group, the running sum in
+    float32 holding half values, the same numbers as half arrays in a fraction of NumPy's float16 time (a group's
+    sum of FP8 products is exact in float32).
     """
     x = np.take(_DECODE[x_fmt], np.asarray(x_codes, np.uint8))
     w = np.take(_DECODE[w_fmt], np.asarray(w_codes, np.uint8))
     scale = np.float32(2.0 ** (x_scale + w_scale))
-    acc = np.zeros(x.shape[:-1] + (w.shape[-1],), np.float32)  # +0, as zero half partials
-    if w.ndim == 2:  # one weight matrix: the rows of x in blocks whose running sums stay in cache across the groups
-        x2, a2 = x.reshape(-1, x.shape[-1]), acc.reshape(-1, w.shape[-1])
-        per = max(1, AMP_BLOCK // max(1, w.shape[-1]))
-        blocks = [(x2[r: r + per], a2[r: r + per]) for r in range(0, len(x2), per)]
-    else:
-        blocks = [(x, acc)]
-    for xb, ab in blocks:
-        for k0 in range(0, x.shape[-1], group):
-            part = np.matmul(xb[..., k0: k0 + group], w[..., k0: k0 + group, :])
-            part *= scale
-            if ab.shape != part.shape:  # (w's batch dims broadcast x's)
-                ab = acc = ab + part
-            else:
-                ab += part
-            np.clip(ab, -_F16_MAX, _F16_MAX, out=ab)  # partials saturate
-            round_half_f32(ab)
+    acc = half_partial_sums(x, w, group, scale)
     if np.isnan(acc).any():  # NaN codes: carry the NaNs through half arrays so their bits stay as they were
         return _amp_through_half(x, w, scale, group)
     return acc
-
-
-AMP_BLOCK = 1 << 16  # accumulator elements per block of rows: its running sum and products stay in the L2 cache
-
-
-_F16_MAX = float(np.finfo(np.float16).max)
-
-
-def round_half_f32(v: np.ndarray) -> np.ndarray:
-    """float32 values (|v| <= 65504, or NaN) rounded to the nearest half value, ties to even, kept in float32, in
-    place: adding M = 2**13 x the value's binade (at least 2**-14, the half subnormal range) rounds it to a multiple
-    of M's float32 ulp, which is the half quantum there; subtracting M back is exact. The simulator's quarter matmul
-    (codelets/fp8.py) rounds its running sums with this same function."""
-    a = np.abs(v)
-    m = (a.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)  # 2**exponent (0 for zero)
-    np.maximum(m, np.float32(2.0**-14), out=m)
-    m *= np.float32(2.0**13)
-    a += m
-    a -= m
-    return np.copysign(a, v, out=v)
 
 
 def _amp_through_half(x: np.ndarray, w: np.ndarray, scale: np.float32, group: int) -> np.ndarray:
     acc = np.zeros(x.shape[:-1] + (w.shape[-1],), np.float16)
     for k0 in range(0, x.shape[-1], group):
         part = np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :]) * scale
-        acc = np.clip(acc.astype(np.float32) + part, -_F16_MAX, _F16_MAX).astype(np.float16)
+        acc = np.clip(acc.astype(np.float32) + part, -F16_MAX, F16_MAX).astype(np.float16)
     return acc.astype(np.float32)

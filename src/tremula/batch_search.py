@@ -69,20 +69,21 @@ def refuse_oversize(build, graph: Graph, chip, dt: str, what: str | None = None,
 
 
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
-            scales: dict[str, int] | None = None, shared_only: bool = False) -> tuple[bool, bool]:
+            scales: dict[str, int] | None = None, shared_only: bool = False,
+            partials: str = "float") -> tuple[bool, bool]:
     """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares).
     A batch over the lower bound (limits.py) is answered without planning."""
     graph = build(batch)
     (on_chip, on_host), (cap, host) = _needs(graph, dtype), _caps(chip)
     if on_chip.total > cap or (host is not None and on_host.total > host):
         return False, True
-    _, state, mp, _, _ = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only)
+    _, state, mp, _, _ = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only, partials=partials)
     return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False)
 
 
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
                    progress: Progress | None = None, scales: dict[str, int] | None = None,
-                   one_fits: bool | None = None, found: dict | None = None) -> int:
+                   one_fits: bool | None = None, found: dict | None = None, partials: str = "float") -> int:
     """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only. Fitting
     is not strictly monotone in the batch (splits and budgets change with it), so this is the largest the search
     finds, and every batch it returns has a plan that fits.
@@ -111,7 +112,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         probes += 1
         if progress:
             progress("batch search", probes, probes + 1)
-        fits, shared = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from)
+        fits, shared = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials)
         if shared:
             shared_from = min(shared_from, b)
         return fits

@@ -235,7 +235,8 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
     mem = res.memory_by_category
     rows = [
         ("chip", f"{chip.name} ({chip.tiles} tiles x {human_bytes(chip.sram_bytes_per_tile)})"),
-        ("batch / dtype", f"{res.batch} / {res.dtype}"),
+        ("batch / dtype", f"{res.batch} / {res.dtype}" + (f", {res.partials} partials" if res.dtype != "float32"
+                                                          else "")),
         ("fits", "yes" if res.fits else "NO"),
         ("fullest tile", f"tile {res.fullest_tile}: {human_bytes(res.peak_tile_bytes)} of "
                          f"{human_bytes(chip.sram_bytes_per_tile)} "
@@ -281,6 +282,9 @@ CHIP_OPT = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOM
 BATCH_OPT = typer.Option(None, "--batch", help="Batch size, or 'auto' for the largest that fits "
                                               "(default: the model's own, else 1).")
 DTYPE_OPT = typer.Option("fp32", "--dtype", help="fp32, fp16, or fp8 (FP8 matmul operands, FP16 elsewhere).")
+PARTIALS_OPT = typer.Option("half", "--partials",
+                            help="fp16/fp8: what matmuls accumulate in: half (PopRT's choice: twice the fp16 AMP "
+                                 "rate, rounded to half every 16 input channels) or float (float32 partials).")
 CALIB_OPT = typer.Option(None, "--calibration",
                          help="fp8: calibration inputs, an .npz of input name -> array or an .npy for a one-input "
                               "model (default: four seeded samples).")
@@ -294,6 +298,13 @@ def _dtype_arg(dtype: str, calibration: Optional[str]) -> str:
     if calibration is not None and key != "fp8":
         raise TremulaError(f"--calibration applies to --dtype fp8 only (it sets FP8 activation scales); "
                            f"drop it at {key}")
+    return key
+
+
+def _partials_arg(partials: str) -> str:
+    key = partials.strip().lower()
+    if key not in ("half", "float"):
+        raise TremulaError(f"unsupported --partials {partials!r}: use half or float")
     return key
 
 
@@ -424,6 +435,7 @@ def compile_cmd(
     dtype: str = DTYPE_OPT,
     seq_len: Optional[int] = SEQ_OPT,
     calibration: Optional[str] = CALIB_OPT,
+    partials: str = PARTIALS_OPT,
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the Program to this file."),
     report: Optional[str] = typer.Option(None, "--report", help="Write a self-contained HTML profile here."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome Trace Event JSON (Perfetto) here."),
@@ -437,13 +449,14 @@ def compile_cmd(
     from tremula.outputs import check_outputs
     from tremula.program import save_program
 
-    dtype = _dtype_arg(dtype, calibration)
+    dtype, partials = _dtype_arg(dtype, calibration), _partials_arg(partials)
     c = load_chip(chip)
     # Before any work: an output must not destroy an input, and must be writable now rather than after the compile.
     check_outputs({"--output": output, "--report": report, "--trace": trace}, model, chip, calibration)
     calibration_inputs = _calibration(calibration)
     with _Bar(not json_out) as bar:
-        res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar, calibration=calibration_inputs)
+        res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar, calibration=calibration_inputs,
+                            partials=partials)
     if output is not None:  # with what `tremula run` needs to stand alone: the chip's TOML and the weights' hash
         from tremula.provenance import seal
 
@@ -502,6 +515,7 @@ def check_cmd(
     seq_len: Optional[int] = SEQ_OPT,
     seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs (a non-negative integer)."),
     calibration: Optional[str] = CALIB_OPT,
+    partials: str = PARTIALS_OPT,
     inputs: Optional[str] = typer.Option(None, "--inputs",
                                          help="Check on your inputs instead of seeded ones: an .npz of input name -> "
                                               "array (an .npy for a one-input model); their first dimension is the "
@@ -520,7 +534,7 @@ def check_cmd(
         raise TremulaError(f"--seed must be a non-negative integer (got {seed})")
     if expected is not None and inputs is None:
         raise TremulaError("--expected needs --inputs: expected outputs are for the inputs you give")
-    dtype = _dtype_arg(dtype, calibration)
+    dtype, partials = _dtype_arg(dtype, calibration), _partials_arg(partials)
     c = load_chip(chip)
     calibration_inputs = _calibration(calibration)
     # --calibration sets FP8 scales, --inputs are what is checked: both may be given (scales are never fit to them)
@@ -528,7 +542,8 @@ def check_cmd(
     expected_outputs = _arrays_file(expected, "--expected", "expected outputs")
     with _Bar(not json_out) as bar:
         res = check_model(model, c, _batch_arg(batch), dtype, seq_len, seed=seed, progress=bar,
-                          calibration=calibration_inputs, inputs=user_inputs, expected=expected_outputs)
+                          calibration=calibration_inputs, inputs=user_inputs, expected=expected_outputs,
+                          partials=partials)
     if json_out:
         _print_json({"model": model, "chip": c.name, "passed": res.passed, "inputs": res.inputs,
                      "outputs": [o.__dict__ for o in res.outputs], "simulation_seconds": round(res.sim_seconds, 3),
@@ -538,8 +553,9 @@ def check_cmd(
                      "layers": [x.__dict__ for x in res.layers], **res.compile.summary()})
     else:
         source = f"your inputs {inputs}" if inputs is not None else f"seeded inputs (seed {seed})"
-        out.print(f"[bold]{safe(model)}[/bold] on {safe(c.name)}, batch {res.compile.batch}, {res.compile.dtype}, "
-                  f"{safe(source)} (against the float32 reference)", soft_wrap=True)
+        part = f" ({res.compile.partials} partials)" if res.compile.dtype != "float32" else ""
+        out.print(f"[bold]{safe(model)}[/bold] on {safe(c.name)}, batch {res.compile.batch}, "
+                  f"{res.compile.dtype}{part}, {safe(source)} (against the float32 reference)", soft_wrap=True)
         for o in res.outputs:
             op = "<=" if o.metric == "max_rel_err" else ">="
             mark = "ok" if o.passed else "FAIL"

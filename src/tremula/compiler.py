@@ -79,6 +79,7 @@ class CompileResult:
     # node (its first output) -> (what, cuts) of the sums the plan splits (plan/state.py `split_sums`): what the matched reference follows
     split_sums: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     shared_layers: int = 0  # layers that run a template layer's code (plan/share.py)
+    partials: str = "float"  # what the fp16 / fp8 matmuls accumulate in ("half" or "float"; fp32: float)
     # Host link: the Program's input streams before the forward and its output streams after it
     # (cost.host_transfer_cycles of the bytes they carry); not part of `cycles`, which stays device cycles.
     host_in_bytes: int = 0
@@ -119,7 +120,7 @@ class CompileResult:
                 "peak_tile_bytes": self.peak_tile_bytes, "peak_step": self.peak_step,
                 "memory_by_category": self.memory_by_category, "steps": self.steps, "cycles": self.cycles,
                 "compute_cycles": self.compute_cycles, "exchange_cycles": self.exchange_cycles,
-                "sync_cycles": self.sync_cycles, "shared_layers": self.shared_layers,
+                "sync_cycles": self.sync_cycles, "shared_layers": self.shared_layers, "partials": self.partials,
                 "host_in_bytes": self.host_in_bytes, "host_out_bytes": self.host_out_bytes,
                 "host_in_cycles": self.host_in_cycles, "host_out_cycles": self.host_out_cycles,
                 "host_cycles": self.host_cycles, "latency_cycles": self.latency_cycles,
@@ -157,7 +158,7 @@ def _fixed_batch(model: ModelSpec) -> int | None:
 
 def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
                   seq_len: int | None = None, progress: Progress | None = None, require_fit: bool = True,
-                  calibration: dict[str, np.ndarray] | None = None) -> CompileResult:
+                  calibration: dict[str, np.ndarray] | None = None, partials: str = "half") -> CompileResult:
     """Compile a model (a Graph, a model spec for load_model, or a batch -> Graph builder) for `chip`.
 
     batch=None is the model's own batch (an ONNX file's fixed one, else 1; a Graph's own); the result's `batch` is
@@ -166,6 +167,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     of limits.py is refused before planning (limits.TooBig). With require_fit, a plan that does not fit raises
     DoesNotFit (with the largest batch that fits when the model can be rebuilt at other batches). dtype="fp8"
     calibrates activation scales on `calibration` (input name -> array) or on CALIBRATION_SAMPLES seeded samples.
+    partials: what fp16 and fp8 matmuls accumulate in, "half" (PopRT's choice, twice the fp16 AMP rate) or "float"
+    (passes/precision.with_partials); fp32 ignores it.
     """
     t0 = time.perf_counter()
     if isinstance(chip, str):
@@ -206,24 +209,25 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # Batch 1 first: when it does not fit, its plan is what the error reports.
         one = build(1)
         refuse_oversize(build, one, chip, dt)
-        _, state, mp, live, _ = plan_graph(one, chip, dt, scales=scales)
+        _, state, mp, live, _ = plan_graph(one, chip, dt, scales=scales, partials=partials)
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
         state = live = one = None
         found: dict = {}
-        batch = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found)
+        batch = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found,
+                               partials=partials)
         shared_only = "shared_from" in found
         graph = build(batch)
     assert graph is not None
     real = model_batch(graph)
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)
-    g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only)
+    g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials)
     if require_fit and not mp.fits:
         # Batch 1 not fitting answers the search already; otherwise search below this batch.
         max_b = 0 if batch == 1 else None
         if build is not None and batch > 1:
             try:
-                max_b = find_max_batch(build, chip, dtype, limit=batch - 1, scales=scales)
+                max_b = find_max_batch(build, chip, dtype, limit=batch - 1, scales=scales, partials=partials)
             except FixedBatch:  # fixed at this batch and not rebatchable: no other batch to offer
                 max_b = None
         raise _does_not_fit(state, mp, live, chip, batch, max_b)
@@ -239,6 +243,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
                         dict(state.strategies), dict(state.split_sums), graph=g, source=graph)
     res.shared_layers = state.sharing.shared_layers if getattr(state, "sharing", None) is not None else 0
+    res.partials = partials if dt in ("float16", "fp8") else "float"
     res.host_in_bytes, res.host_out_bytes = host_stream_bytes(program.host_in), host_stream_bytes(program.host_out)
     res.host_in_cycles = host_transfer_cycles(chip, res.host_in_bytes)
     res.host_out_cycles = host_transfer_cycles(chip, res.host_out_bytes)

@@ -71,16 +71,27 @@ def resolve_dtype(dtype: str) -> str:
     return DTYPES[dtype]
 
 
-def lower_precision(graph: Graph, dtype: str, chip=None, scales: dict[str, int] | None = None) -> Graph:
+def lower_precision(graph: Graph, dtype: str, chip=None, scales: dict[str, int] | None = None,
+                    partials: str = "float") -> Graph:
     """The canonical graph in `dtype`. fp8 is the mixed policy (passes/precision.py): FP8 operands for every Linear
-    with calibrated activation scales, stored as codes for the AMP's quarter path; FP16 everywhere else."""
-    g = canonical(graph)
-    if dtype != "fp8":
-        return cast_graph(g, dtype)
-    from tremula.passes.precision import fp8_linear_casts, fp8_storage, with_scales
+    with calibrated activation scales, stored as codes for the AMP's quarter path; FP16 everywhere else. partials
+    "half" (fp16 and fp8 only; needs the chip) marks the matmuls to accumulate in half partials
+    (passes/precision.with_partials); float32 graphs always accumulate in float32."""
+    from tremula.passes.precision import PARTIALS, with_partials
 
-    g = cast_graph(with_scales(fp8_linear_casts(g), scales or {}), "float16")
-    return fp8_storage(g, chip.amp_pair("fp8", "fp16").weights_per_conv_unit)
+    if partials not in PARTIALS:
+        raise TremulaError(f"unsupported --partials {partials!r}: use half or float")
+    g = canonical(graph)
+    if dtype == "fp8":
+        from tremula.passes.precision import fp8_linear_casts, fp8_storage, with_scales
+
+        g = cast_graph(with_scales(fp8_linear_casts(g), scales or {}), "float16")
+        g = fp8_storage(g, chip.amp_pair("fp8", "fp16").weights_per_conv_unit)
+    else:
+        g = cast_graph(g, dtype)
+    if partials == "half" and dtype in ("float16", "fp8"):
+        g = with_partials(g, "half", chip.amp_pair("fp16", "fp16").weights_per_conv_unit)
+    return g
 
 
 def check_fp8(chip, dtype: str) -> None:
@@ -90,10 +101,10 @@ def check_fp8(chip, dtype: str) -> None:
 
 
 def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
-               scales: dict[str, int] | None = None, shared_only: bool = False):
+               scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float"):
     """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
     shared_only: skip the budgets without shared layers (the caller knows they do not fit)."""
-    g = lower_precision(graph, dtype, chip, scales)
+    g = lower_precision(graph, dtype, chip, scales, partials)
     # Tighter budgets mean more rounds or fewer tiles per matmul: the first plan that fits is kept, else the one with
     # the lowest peak. Only one lowering is alive at a time (a base model's is gigabytes at large batches): when the
     # lowest peak was not the last one tried, it is lowered again.

@@ -126,7 +126,9 @@ def test_elementwise_vertices_merge_back_to_back_blocks(monkeypatch):
 
     monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.01, None, False),))
     # Batch 4: at batch 8 the exchange code of this many rounds (ipu-stack-facts §1.2 encoding) overflows 64 KiB tiles.
-    res = check_model("bert-tiny", "examples/chips/tiny16.toml", 4, "fp16")
+    # Float partials: with half ones this one tight budget picks a plan that replicates weights 1 KB past the 64 KiB
+    # (budgets are fixed fractions of the SRAM, issue #14 item 5); the default budgets fit half partials at batch 15.
+    res = check_model("bert-tiny", "examples/chips/tiny16.toml", 4, "fp16", partials="float")
     out_shapes = [g.shapes[:, -1] for s in res.compile.program.steps for g in s.compute
                   if g.codelet in ("unary", "binary")]
     merged = [o for o in out_shapes if ((o[:, 0] == 1) & (o[:, 1] > 40)).any()]

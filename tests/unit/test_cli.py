@@ -172,3 +172,14 @@ def test_check_reports_the_precision_matched_reference():
     assert all(m["metric"] == "max_rel_err" and m["value"] <= m["threshold"] for m in doc["matched"])
     p = run_cli("check", "bert-tiny", "--chip", "examples/chips/tiny16.toml", "--batch", "2", "--dtype", "fp16")
     assert "precision-matched reference" in p.stdout
+
+
+def test_partials_option_reaches_the_compile_and_is_reported():
+    p = run_cli("compile", "bert-tiny", "--chip", "examples/chips/tiny16.toml", "--batch", "2", "--dtype", "fp16",
+                "--partials", "float", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["partials"] == "float"
+    p = run_cli("compile", "bert-tiny", "--chip", "examples/chips/tiny16.toml", "--batch", "2", "--dtype", "fp16")
+    assert p.returncode == 0 and "float16, half partials" in p.stdout
+    p = run_cli("compile", "bert-tiny", "--chip", "examples/chips/tiny16.toml", "--dtype", "fp16", "--partials", "fp8")
+    assert p.returncode != 0 and "unsupported --partials 'fp8'" in p.stderr

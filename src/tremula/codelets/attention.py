@@ -79,8 +79,12 @@ def _attention_combine(ops, params) -> None:
     m = st[..., 0:1]
     top = np.max(m, axis=0)
     w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
-    num = np.sum(w * pv, axis=0)
-    den = np.sum(w * st[..., 1:2], axis=0)
+    # Summed block by block in block order: np.sum over the blocks' axis picks its order from the array's shape (a
+    # vertex alone and the same vertex in a stack came out one half ulp apart), this order is the same for any stack.
+    num, den = w[0] * pv[0], w[0] * st[0, ..., 1:2]
+    for b in range(1, nb):
+        num += w[b] * pv[b]
+        den += w[b] * st[b, ..., 1:2]
     ops[-1][...] = (num / den).astype(ops[-1].dtype)
 
 

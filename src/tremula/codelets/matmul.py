@@ -1,26 +1,56 @@
-"""Matmul codelets: a block of x @ w (+ bias) on one tile, accumulating half inputs in float as the AMP does.
+"""Matmul codelets: a block of x @ w (+ bias) on one tile, accumulating half inputs as the AMP does.
 
 Every codelet takes a stack of vertices ([n, rows, cols] operands); the products run as float32 (or float64) BLAS
-matmuls on the stack, so half inputs are widened once (exactly) and rounded to half where the AMP writes half.
+matmuls on the stack, so half inputs are widened once (exactly) and rounded to half where the AMP writes half. Half
+inputs accumulate in float32 (float partials) or, when the vertex's `group` param is set, in half partials rounded
+after every group of that many input channels (numerics/amp.py); split-K partials are then half, and so is their sum.
+A Program without the param (saved before partials were a choice) means float partials.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tremula.codelets import first, register
+from tremula.codelets import column, first, register
+from tremula.numerics.amp import F16_MAX, half_partial_sums, round_half_f32
 from tremula.target import cost_terms
+
+
+def _param(params, j: int) -> int:
+    """Param j of the first vertex, 0 when the vertices have fewer params (an older Program)."""
+    p = np.asarray(params)
+    return first(p, j) if p.shape[-1] > j else 0
+
+
+def partials_of(codelet_name: str, params) -> str:
+    """"half" or "float": the partials a matmul vertex accumulates in (its `group` param; reports price by it)."""
+    j = {"matmul": 1, "matmul_partial": 0}.get(codelet_name)
+    return "half" if j is not None and _param(params, j) else "float"
 
 
 def _acc(dtype) -> type:
     return np.float32 if dtype == np.float16 else dtype
 
 
+def _half_stack(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
+    """Half partials of a stack of vertices (one vertex run alone is a stack of one, so it takes the same BLAS calls
+    and gives the same bits as inside a stack: a group's float32 sum depends on the kernel that forms it)."""
+    single = x.ndim == 2
+    y = half_partial_sums(x.astype(np.float32)[None] if single else x.astype(np.float32),
+                          w.astype(np.float32)[None] if single else w.astype(np.float32), group)
+    return y[0] if single else y
+
+
 def _matmul(ops: list[np.ndarray], params) -> None:
     # params: (has_bias,). operands: x [m,k], w [k,n], (bias [1,n]), out [m,n]
+    # params: (has_bias[, group]) -- group > 0: half partials
     x, w, out = ops[0], ops[1], ops[-1]
-    acc = _acc(x.dtype)
-    y = np.matmul(x.astype(acc, copy=False), w.astype(acc, copy=False)).astype(out.dtype, copy=False)
+    group = _param(params, 1)
+    if group and x.dtype == np.float16:
+        y = _half_stack(x, w, group).astype(out.dtype)
+    else:
+        acc = _acc(x.dtype)
+        y = np.matmul(x.astype(acc, copy=False), w.astype(acc, copy=False)).astype(out.dtype, copy=False)
     if first(params, 0):
         y = (y + ops[2]).astype(out.dtype)
     out[...] = y
@@ -28,32 +58,54 @@ def _matmul(ops: list[np.ndarray], params) -> None:
 
 def _matmul_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    c = cost_terms.matmul_cycles(chip, m, k, n, dtypes[0])
+    c = cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul", params))
     if params[0]:
         c += cost_terms.vector_cycles(chip, "add", m * n, dtypes[-1])
     return c
 
 
 def _matmul_partial(ops: list[np.ndarray], params) -> None:
-    # x [m,k] @ w [k,n] -> float32 partial sums [m,n] (K was split over tiles; a reduce step adds the partials)
+    # x [m,k] @ w [k,n] -> partial sums [m,n] (K was split over tiles; a reduce step adds the partials): float32, or
+    # half with params (group,)
     x, w, out = ops
-    out[...] = np.matmul(x.astype(np.float32, copy=False), w.astype(np.float32, copy=False))
+    group = _param(params, 0)
+    if group:
+        out[...] = _half_stack(x, w, group)
+    else:
+        out[...] = np.matmul(x.astype(np.float32, copy=False), w.astype(np.float32, copy=False))
 
 
 def _partial_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    return cost_terms.matmul_cycles(chip, m, k, n, dtypes[0])
+    return cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul_partial", params))
 
 
 def _reduce_partials(ops: list[np.ndarray], params) -> None:
-    # params: (n_parts, has_bias). operands: own partial [m,n], the n_parts - 1 received ones stacked [(n_parts-1)*m, n]
-    # (partials float32, or half from the FP8 AMP; summed in float32 in part order), (bias [1,n]), out [m,n]
-    n_parts, has_bias = first(params, 0), first(params, 1)
+    # params: (n_parts, has_bias[, half, own part]). operands: own partial [m,n], the n_parts - 1 received ones
+    # stacked [(n_parts-1)*m, n] in part order without the own one (partials float32, or half from the FP8 AMP or
+    # half partials), (bias [1,n]), out [m,n]. Float32 partials: own + the received ones. Half (`half` set): the
+    # parts in part order (the own one at its index), rounded to half after every add and saturating, as the
+    # reference sums them (the order matters once every add rounds).
+    n_parts, has_bias, half = first(params, 0), first(params, 1), _param(params, 2)
     own, recv, out = ops[0], ops[1], ops[-1]
     m = own.shape[-2]
-    s = own.astype(np.float32, copy=False)
-    for q in range(n_parts - 1):
-        s = s + recv[..., q * m: (q + 1) * m, :].astype(np.float32, copy=False)
+    if half:
+        mine = column(params, 3)  # [n, 1, 1] (or [1, 1]): the index of each vertex's own part
+        slots = recv.reshape(recv.shape[:-2] + (n_parts - 1, m, recv.shape[-1]))
+        s = None
+        for q in range(n_parts):
+            got = np.take_along_axis(slots, np.clip(np.where(q < mine, q, q - 1), 0, n_parts - 2)[..., None], -3)
+            part = np.where(mine == q, own, got[..., 0, :, :]).astype(np.float32)
+            if s is None:
+                s = part
+                continue
+            s += part
+            np.clip(s, -F16_MAX, F16_MAX, out=s)
+            round_half_f32(s)
+    else:
+        s = own.astype(np.float32)  # (a copy: summed in place)
+        for q in range(n_parts - 1):
+            s += recv[..., q * m: (q + 1) * m, :].astype(np.float32, copy=False)
     y = s.astype(out.dtype, copy=False)
     if has_bias:
         y = (y + ops[2]).astype(out.dtype)
@@ -62,9 +114,10 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
 
 def _reduce_partials_cycles(chip, params, shapes, dtypes) -> int:
     m, n = shapes[-1]
-    return cost_terms.vector_cycles(chip, "add", m * n * (params[0] - 1 + params[1]), "float32")
+    return cost_terms.vector_cycles(chip, "add", m * n * (params[0] - 1 + params[1]),
+                                    "float16" if _param(params, 2) else "float32")
 
 
 register("matmul", _matmul, (-1,), _matmul_cycles, uniform=(0,))
 register("matmul_partial", _matmul_partial, (-1,), _partial_cycles)
-register("reduce_partials", _reduce_partials, (-1,), _reduce_partials_cycles, uniform=(0, 1))
+register("reduce_partials", _reduce_partials, (-1,), _reduce_partials_cycles, uniform=(0, 1, 2))

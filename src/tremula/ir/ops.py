@@ -14,6 +14,7 @@ import numpy as np
 
 from tremula.errors import TremulaError
 from tremula.ir.graph import TensorType
+from tremula.numerics.amp import half_partials_matmul
 from tremula.numerics.erf import erf, gelu
 
 Attrs = dict[str, Any]
@@ -224,11 +225,15 @@ def _matmul_flops(ins, outs, a) -> int:
 
 def _matmul_ref(xs, a):
     x, w = xs
+    if a.get("partials") == "half" and x.dtype == np.float16:  # the AMP's half partials (numerics/amp.py)
+        return [half_partials_matmul(x, w, int(a["group"]))]
     acc = np.float32 if x.dtype == np.float16 else x.dtype  # accumulate half in float, as the AMP can
     return [np.matmul(x.astype(acc), w.astype(acc)).astype(x.dtype)]
 
 
-_row("MatMul", _matmul_type, _matmul_ref, _matmul_flops, (2, 2), onnx="direct", export="direct", widen_f16=True, lower="own")
+# attrs partials="half", group=G (set by passes/precision.with_partials): half partials, rounded every G of K
+_row("MatMul", _matmul_type, _matmul_ref, _matmul_flops, (2, 2), onnx="direct", export="direct", widen_f16=True,
+     lower="own")
 
 
 def _linear_type(ins, a):

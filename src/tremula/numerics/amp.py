@@ -30,11 +30,12 @@ def round_half_f32(v: np.ndarray) -> np.ndarray:
     return np.copysign(a, v, out=v)
 
 
-def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None) -> np.ndarray:
+def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matmul=np.matmul) -> np.ndarray:
     """[.., m, k] @ [.., k, n] (float32 operands) -> float32 holding the half partials: the sum of each `group` of k
     (times `scale`, when given: the FP8 path's power of two, one per stack entry or one in all) added into the running
     half partial, clipped and rounded to half after every group. Rows of x (or entries of a stack) run in blocks whose
-    sums stay in cache across the groups; every element is its own sum, so blocking changes no bit."""
+    sums stay in cache across the groups; every element is its own sum, so blocking changes no bit. `matmul` sums a
+    group's products (the matched reference passes other legal orders of the float32 sums)."""
     out = np.zeros(np.broadcast_shapes(x.shape[:-2], w.shape[:-2]) + (x.shape[-2], w.shape[-1]), np.float32)
     if w.ndim == 2:  # one weight matrix: blocks of x's rows
         x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, w.shape[-1])
@@ -49,7 +50,7 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None) -> n
         blocks = [(x, w, out, scale)]
     for xb, wb, ob, sb in blocks:
         for k0 in range(0, x.shape[-1], group):
-            part = np.matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
+            part = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
             if sb is not None:
                 part *= sb
             ob += part

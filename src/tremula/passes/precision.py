@@ -183,3 +183,29 @@ def layer_losses(graph: Graph, feeds: dict[str, np.ndarray]) -> list[LayerLoss]:
         err = float(np.max(np.abs(got - exact)) / scale) if scale > 0 else 0.0
         out.append(LayerLoss(n.name, cos, err))
     return sorted(out, key=lambda r: r.cosine)
+
+
+PARTIALS = ("half", "float")  # what fp16 and fp8 matmuls accumulate in (compile's --partials)
+
+
+def with_partials(graph: Graph, partials: str, group: int) -> Graph:
+    """The graph with every matmul by a 2-D constant weight marked to accumulate in `partials`: "half" sets
+    partials="half" on them (a half Linear/MatMul then rounds its running sum to half after every `group` input
+    channels, the AMP's weights per conv unit, numerics/amp.py; an FP8 LinearFp8, whose AMP writes half partials
+    anyway, sums its split-K parts in half); "float" leaves the graph as it is (float32 partials and sums). The
+    reference rules (ir/ops.py), the planner and the codelets read the mark, so the matched reference computes what
+    the Program computes. PopRT runs fp16 and fp8 matmuls with half partials (../shared/reference/ipu-stack-facts.md
+    section 4.3)."""
+    if partials not in PARTIALS:
+        raise TremulaError(f"unknown partials {partials!r}: use half or float")
+    if partials == "float":
+        return graph
+    g = graph.copy()
+    for n in g.nodes:
+        w = n.inputs[1] if len(n.inputs) > 1 else ""
+        if n.op in ("Linear", "MatMul") and w in g.constants and len(g.types[w].shape) == 2 and \
+                g.types[n.inputs[0]].dtype == "float16":
+            n.attrs = {**n.attrs, "partials": "half", "group": int(group)}
+        elif n.op == "LinearFp8":
+            n.attrs = {**n.attrs, "partials": "half"}
+    return g

@@ -527,13 +527,14 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             n2 = self.types[nxt.inputs[1]].shape[1]
             st, self.paired[nxt.name] = choose_linear_pair(
                 self.chip, m, k, n, n2, xt.dtype, self.types[nxt.inputs[0]].dtype, self.pm_max, self.temp_fraction,
-                shape, self.perm_fraction, pk_fix, self._panel_parts(nxt.outputs[0]))
+                shape, self.perm_fraction, pk_fix, self._panel_parts(nxt.outputs[0]), _partials(node),
+                _partials(nxt))
         else:
             # Output columns cut at head boundaries when attention reads them per head (its head views), or in the
             # residual stream's panels.
             pn_fix = self.head_parts.get(out, 0) or self._panel_parts(out)
             st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape,
-                               self.perm_fraction, pn_fix=pn_fix, pk_fix=pk_fix)
+                               self.perm_fraction, pn_fix=pn_fix, pk_fix=pk_fix, partials=_partials(node))
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         # tile of (i, j, l) at index (i * pn + j) * pk + l
@@ -561,7 +562,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         else:
             self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
                                  bias, meta)
-        self.strategies[node.name or out] = str(st)
+        self.strategies[node.name or out] = str(st) + (" half partials" if _partials(node) == "half" else "")
         if pk > 1:
             self.split_sums[node.outputs[0]] = ("k", tuple(int(c) for c in kcuts))
 
@@ -627,9 +628,11 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
 
     @staticmethod
     def _matmul_codelet(node, meta, live, has_bias: int) -> tuple[str, list, list]:
-        """(codelet, params, extra operands after x and w): the FP8 path adds the weight-scale operand."""
+        """(codelet, params, extra operands after x and w): the FP8 path adds the weight-scale operand; half partials
+        add the AMP's group (codelets/matmul.py)."""
         if meta is None:
-            return "matmul", [has_bias], []
+            group = int(node.attrs.get("group", 0)) if _partials(node) == "half" else 0
+            return "matmul", [has_bias] + ([group] if group else []), []
         a = node.attrs
         params = [has_bias, format_id(a["x_fmt"]), format_id(a["w_fmt"]), int(a["x_scale"]), int(a["group"])]
         return "matmul_fp8", params, [(meta[0][live], meta[1][live], 1, 1)]
@@ -685,8 +688,10 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         sub_max = cdiv(chunk, pk)
         nj_max = int(nj.max())
         # The quarter -> half AMP's partials are half values already (numerics/fp8.amp_fp8_matmul): kept as half, they
-        # take half the bytes and exchange; the owners still sum them in float32. Other matmuls keep float32 partials.
-        pdt = "float16" if meta is not None else "float32"
+        # take half the bytes and exchange. With half partials (passes/precision.with_partials) the half matmuls' are
+        # half too, and the owners sum them in half; otherwise partials are float32 and summed in float32.
+        half = _partials(node) == "half"
+        pdt = "float16" if meta is not None or half else "float32"
         psz = np.dtype(pdt).itemsize
         pbuf = self.new_buffer(f"{out}@partial", "buffers", tl, chunk * nj * psz)
         slot = sub_max * nj_max * psz
@@ -702,7 +707,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                                        0, kl[live] * isz))
             rows = (r1 - r0)[live]
             codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
-            codelet = "matmul_partial" if meta is None else codelet  # the FP8 AMP writes its half partials
+            if meta is None:  # (the FP8 AMP writes its half partials itself)
+                codelet, params = "matmul_partial", ([int(node.attrs["group"])] if half else [])
             ops = [(xbuf, 0, rows, kl[live]), (wbuf[live], wrel[live], kl[live], nj[live]), *extra,
                    (pbuf, 0, rows, nj[live])]
             dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,)
@@ -738,7 +744,11 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 ops.append((bias[0][o_idx], bias[1][o_idx], 1, njo))
             ops.append((lay.buf, orel, sub, njo))
             dtypes = (pdt, pdt) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
-            self.compute([self.group("reduce_partials", dtypes, tl[o_idx], [pk, int(bias is not None)], ops)], out,
+            params = np.zeros((len(o_idx), 4 if half else 2), I64)  # (pk, bias[, half, own part index])
+            params[:, 0], params[:, 1] = pk, int(bias is not None)
+            if half:
+                params[:, 2], params[:, 3] = 1, gl[o_idx]
+            self.compute([self.group("reduce_partials", dtypes, tl[o_idx], params, ops)], out,
                          "reduce", f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
         self.set_output(out, lay)
 
@@ -798,6 +808,11 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             return free
         return self._move_elems(f"{value}@mat", [lay], np.arange(lay.rows * lay.cols, dtype=I64),
                                 lay.rows * lay.cols // cols, cols, lay.dtype)
+
+
+def _partials(node) -> str:
+    """What a matmul node accumulates in: "half" when passes/precision.with_partials marked it, else "float"."""
+    return "half" if node.attrs.get("partials") == "half" else "float"
 
 
 def _unary(node) -> bool:

@@ -107,8 +107,11 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
 @lru_cache(maxsize=4096)
 def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                   temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
-                  perm_fraction: float | None = None, pn_fix: int = 0, pk_fix: int = 0) -> LinearStrategy:
+                  perm_fraction: float | None = None, pn_fix: int = 0, pk_fix: int = 0,
+                  partials: str = "float") -> LinearStrategy:
     """Pick (pm, pn, pk, serial) minimising estimated cycles, subject to the weight, temp and permanent budgets.
+    partials "half": the AMP's half partials (passes/precision.with_partials), priced on their AMP path, and split-K
+    partials exchanged and summed in half.
 
     perm_fraction (with src): the share of a tile's SRAM that the permanent bytes (vertex state + exchange code) of
     all matmuls together may take; None leaves them unbudgeted (the fastest plans, when they fit).
@@ -125,7 +128,8 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
         pn_fix = 0
     isz = np.dtype(dtype).itemsize
     osz = 2 if dtype == "uint8" else isz  # FP8 codes in, half out
-    psz = 2 if dtype == "uint8" else 4  # split-K partials: the FP8 AMP's are half, the others float32
+    half = partials == "half" and dtype in ("float16", "uint8")
+    psz = 2 if dtype == "uint8" or half else 4  # split-K partials: the FP8 AMP's are half, and half partials
     temp_budget = max(temp_fraction * sram, 1)
     sync = cost_terms.sync_cycles(chip)
     best: tuple | None = None
@@ -144,7 +148,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                 # More rounds than the operand block needs shrink the partials; the permanent bytes grow with them.
                 for serial in sorted({s0, min(mi, 2 * s0), min(mi, 4 * s0)}):
                     rows = cdiv(mi, serial)
-                    comp = cost_terms.matmul_cycles(chip, rows, kl, nj, dtype)
+                    comp = cost_terms.matmul_cycles(chip, rows, kl, nj, dtype, partials)
                     recv = rows * kl * isz
                     sent = cdiv(m * k * isz, min(tiles, m * pk)) // serial
                     ex = cost_terms.exchange_cycles(chip, sent, recv) + sync
@@ -152,7 +156,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                     if pk > 1:
                         sub = cdiv(rows, pk)
                         part = rows * nj * psz
-                        comp += cost_terms.vector_cycles(chip, "add", sub * nj * pk, "float32")
+                        comp += cost_terms.vector_cycles(chip, "add", sub * nj * pk, "float16" if half else "float32")
                         ex += cost_terms.exchange_cycles(chip, part - sub * nj * psz, (pk - 1) * sub * nj * psz) + sync
                         mem += part + (pk - 1) * sub * nj * psz
                     total = serial * (comp + ex)
@@ -182,7 +186,8 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
 def choose_linear_pair(chip, m: int, k: int, n: int, n2: int, dtype: str, dtype2: str, pm_max: int,
                        temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
                        perm_fraction: float | None = None, pk_fix: int = 0,
-                       pn2_fix: int = 0) -> tuple[LinearStrategy, LinearStrategy]:
+                       pn2_fix: int = 0, partials: str = "float",
+                       partials2: str = "float") -> tuple[LinearStrategy, LinearStrategy]:
     """Strategies for x[m, k] @ W1[k, n] followed (through element-wise ops) by h[m, n] @ W2[n, n2], such that the
     second's K parts are exactly the first's output-column blocks: every tile of the second then gathers whole
     source blocks, contiguous on both sides, and its exchange code does not grow with the rows (mismatched cuts
@@ -194,12 +199,12 @@ def choose_linear_pair(chip, m: int, k: int, n: int, n2: int, dtype: str, dtype2
     best: tuple | None = None
     for pn in _candidates(n, chip.tiles // max(pk_fix, 1)):
         first = choose_linear(chip, m, k, n, dtype, pm_max, temp_fraction, src, perm_fraction, pn_fix=pn,
-                              pk_fix=pk_fix)
+                              pk_fix=pk_fix, partials=partials)
         src2 = None if src is None else SourceShape(cdiv(m, first.pm), cdiv(n, pn), src.out_rows, src.n_linear, pn)
         if pn * max(pn2_fix, 1) > chip.tiles:
             continue
         second = choose_linear(chip, m, n, n2, dtype2, pm_max, temp_fraction, src2, perm_fraction, pn_fix=pn2_fix,
-                               pk_fix=pn)
+                               pk_fix=pn, partials=partials2)
         key = (first.over + second.over, first.cycles + second.cycles, pn)
         if best is None or key < best[0]:
             best = (key, (first, second))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import tremula.codelets  # noqa: F401  (registers each codelet's cycle estimate, which price_step charges)
+from tremula.codelets.matmul import partials_of
 from tremula.ir.graph import Graph, Node
 from tremula.ir.ops import flops as op_flops
 from tremula.program import Program, Step
@@ -162,7 +163,7 @@ class Profile:
 # ------------------------------------------------------------------------------------------------ per-tile compute
 
 
-def _amp_parts(chip, codelet_name: str, shapes, dtype: str) -> tuple[int, float]:
+def _amp_parts(chip, codelet_name: str, shapes, dtype: str, partials: str = "float") -> tuple[int, float]:
     """(modelled AMP cycles, ideal cycles at the AMP peak) of the matrix products inside one vertex, priced by the
     same cost_terms functions its codelet's cycle estimate uses; (0, 0) for vertices without matmuls."""
     if codelet_name in MATMUL_CODELETS:  # x [m,k] @ w [k,n]
@@ -172,9 +173,10 @@ def _amp_parts(chip, codelet_name: str, shapes, dtype: str) -> tuple[int, float]
         prods = [(r, d, sk), (r, sk, dv)]
     else:
         return 0, 0.0
-    amp = sum(cost_terms.matmul_cycles(chip, m, k, n, dtype) for m, k, n in prods)
-    # cost_terms.matmul_cycles prices half inputs on the half->float AMP path: the ideal uses that pair's rate.
-    acc = "fp16" if dtype == "uint8" else "fp32"  # FP8 codes run on the quarter->half path
+    amp = sum(cost_terms.matmul_cycles(chip, m, k, n, dtype, partials) for m, k, n in prods)
+    # The ideal is at the rate of the AMP path the vertex runs on (FP8 codes: quarter->half; half inputs: half->half
+    # with half partials, else half->float).
+    acc = "fp16" if dtype == "uint8" or (partials == "half" and dtype == "float16") else "fp32"
     ideal = sum(cost.amp_peak_cycles(chip, m, k, n, _amp_in(dtype), acc) for m, k, n in prods)
     return int(amp), float(ideal)
 
@@ -191,7 +193,8 @@ def tile_work(chip, step: Step, tiles: int) -> tuple[np.ndarray, np.ndarray, np.
         nv += np.bincount(g.tiles, minlength=tiles).astype(I64)
         if g.codelet in MATMUL_CODELETS + ATTENTION_CODELETS:
             _, shapes, inv = distinct_vertices(g)
-            parts = [_amp_parts(chip, g.codelet, sh, g.dtypes[0]) for sh in shapes]
+            partials = partials_of(g.codelet, g.params[:1])
+            parts = [_amp_parts(chip, g.codelet, sh, g.dtypes[0], partials) for sh in shapes]
             va = np.array([p[0] for p in parts], I64)
             vi = np.array([p[1] for p in parts], np.float64)
             amp += np.bincount(g.tiles, weights=va[inv], minlength=tiles).astype(I64)

@@ -176,7 +176,8 @@ def _stacks(g: VertexGroup, cl: Codelet, nbytes: np.ndarray) -> list[np.ndarray]
     """The vertices of a group in stacks that one codelet call can run: equal operand shapes and uniform params, at
     most about CHUNK_BYTES of operands each."""
     n = len(g)
-    keys = np.concatenate([g.shapes.reshape(n, -1), g.params[:, list(cl.uniform)]], axis=1)
+    uniform = [j for j in cl.uniform if j < g.params.shape[1]]  # (optional params an older Program lacks)
+    keys = np.concatenate([g.shapes.reshape(n, -1), g.params[:, uniform]], axis=1)
     if n == 1 or (keys == keys[0]).all():
         groups = [np.arange(n)]
     else:

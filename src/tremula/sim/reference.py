@@ -25,6 +25,7 @@ import numpy as np
 from tremula.ir.graph import Graph, Node
 from tremula.ir.interp import run
 from tremula.ir.ops import RefRule
+from tremula.numerics.amp import F16_MAX, half_partial_sums, round_half_f32
 
 SplitSums = Mapping[str, tuple[str, tuple[int, ...]]]  # node output -> ("k" | "columns" | "keys", cuts): plan/state.py
 
@@ -59,6 +60,7 @@ def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = 
 
     def ref(xs, a):
         x, w = xs[0], xs[1]
+        half = a.get("partials") == "half"  # (passes/precision.with_partials)
         if op == "LinearFp8":
             from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul
 
@@ -69,14 +71,21 @@ def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = 
         else:
             acc = np.float32 if x.dtype == np.float16 else x.dtype
             xa, wa = x.astype(acc, copy=False), w.astype(acc, copy=False)  # (once, not once per part)
-            parts = (mm(xa[..., a0:a1], wa[a0:a1]) for a0, a1 in pairwise(cuts))
+            if half and x.dtype == np.float16:  # each part in half partials (matmul_partial with its group)
+                parts = (half_partial_sums(xa[..., a0:a1], wa[a0:a1], int(a["group"]), matmul=mm)
+                         for a0, a1 in pairwise(cuts))
+            else:
+                parts = (mm(xa[..., a0:a1], wa[a0:a1]) for a0, a1 in pairwise(cuts))
             bias, out_dt = (xs[2] if len(xs) > 2 else None), x.dtype
         s = None
-        for p in parts:  # in part order, in float32 (in place: the same sums as s + p, without a copy per part)
+        for p in parts:  # in part order (in place: the same sums as s + p, without a copy per part)
             if s is None:
                 s = np.array(p, dtype=np.float32)
             else:
                 s += p
+                if half:  # reduce_partials sums half partials in half
+                    np.clip(s, -F16_MAX, F16_MAX, out=s)
+                    round_half_f32(s)
         y = s.astype(out_dt, copy=False)
         if bias is not None:
             y = (y + bias.astype(out_dt)).astype(out_dt)  # reduce_partials / matmul add the bias in the output dtype
@@ -159,8 +168,10 @@ def _key_split_ref(cuts: tuple[int, ...], mm: MatMulFn = _mm32) -> RefRule:
         m = np.stack(tops)
         top = np.max(m, axis=0)
         w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
-        num = np.sum(w * np.stack(pvs), axis=0)
-        den = np.sum(w * np.stack(sums), axis=0)
+        num, den = w[0] * pvs[0], w[0] * sums[0]  # block by block, in block order, as attention_combine sums them
+        for b in range(1, len(pvs)):
+            num += w[b] * pvs[b]
+            den += w[b] * sums[b]
         return [(num / den).astype(q.dtype)]
 
     return ref

@@ -20,13 +20,15 @@ def _d(dtype: str) -> str:
     return dtype if dtype in ("float16", "float32") else "float32"
 
 
-def matmul_cycles(chip, m: int, k: int, n: int, dtype: str) -> int:
+def matmul_cycles(chip, m: int, k: int, n: int, dtype: str, partials: str = "float") -> int:
+    """One tile's [m,k] x [k,n] on the AMP. fp16 inputs accumulate in float32 (the half->float path, 8 conv units) or,
+    with half partials, on the half->half path (16 conv units: twice the MACs per cycle, numerics/amp.py); uint8
+    operands are FP8 codes on the quarter->half path (codelets/fp8.py), the only FP8 path the C600 has."""
     m, k, n = int(m), int(k), int(n)
-    # fp16 inputs accumulate in fp32 on the AMP (the conv units' half->float path), as the codelet does; uint8 operands
-    # are FP8 codes on the quarter->half path (codelets/fp8.py), the only FP8 path the C600 has.
     if dtype == "uint8":
         return int(cost.amp_matmul_cycles(chip, m, k, n, "fp8", "float16"))
-    return int(cost.amp_matmul_cycles(chip, m, k, n, _d(dtype), "float32"))
+    acc = "float16" if partials == "half" and dtype == "float16" else "float32"
+    return int(cost.amp_matmul_cycles(chip, m, k, n, _d(dtype), acc))
 
 
 def vector_cycles(chip, kind: str, n: int, dtype: str) -> int:

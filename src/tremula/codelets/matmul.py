@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula.codelets import column, first, register
+from tremula.codelets import first, register
 from tremula.numerics.amp import F16_MAX, half_partial_sums, round_half_f32
 from tremula.target import cost_terms
 
@@ -90,18 +90,20 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
     own, recv, out = ops[0], ops[1], ops[-1]
     m = own.shape[-2]
     if half:
-        mine = column(params, 3)  # [n, 1, 1] (or [1, 1]): the index of each vertex's own part
-        slots = recv.reshape(recv.shape[:-2] + (n_parts - 1, m, recv.shape[-1]))
-        s = None
-        for q in range(n_parts):
-            got = np.take_along_axis(slots, np.clip(np.where(q < mine, q, q - 1), 0, n_parts - 2)[..., None], -3)
-            part = np.where(mine == q, own, got[..., 0, :, :]).astype(np.float32)
-            if s is None:
-                s = part
-                continue
-            s += part
+        # every vertex's parts in part order: its own at its index, the received ones around it (one copy of each)
+        own3 = own.reshape((-1,) + own.shape[-2:])
+        n = len(own3)
+        mine = np.asarray(params, np.int64).reshape(n, -1)[:, 3]
+        parts = np.empty((n, n_parts) + own3.shape[1:], np.float32)
+        parts[np.arange(n), mine] = own3
+        at = np.arange(n_parts - 1)[None, :] + (np.arange(n_parts - 1)[None, :] >= mine[:, None])
+        parts[np.arange(n)[:, None], at] = recv.reshape(n, n_parts - 1, m, recv.shape[-1])
+        s = parts[:, 0]
+        for q in range(1, n_parts):
+            s += parts[:, q]
             np.clip(s, -F16_MAX, F16_MAX, out=s)
             round_half_f32(s)
+        s = s.reshape(own.shape)
     else:
         s = own.astype(np.float32)  # (a copy: summed in place)
         for q in range(n_parts - 1):

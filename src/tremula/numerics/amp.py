@@ -49,14 +49,28 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
     else:
         blocks = [(x, w, out, scale)]
     for xb, wb, ob, sb in blocks:
+        a, m = np.empty_like(ob), np.empty_like(ob)  # scratch, reused by every group of the block
         for k0 in range(0, x.shape[-1], group):
             part = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
             if sb is not None:
                 part *= sb
             ob += part
-            np.clip(ob, -F16_MAX, F16_MAX, out=ob)  # partials saturate
-            round_half_f32(ob)
+            _saturate_round_half(ob, a, m)
     return out
+
+
+def _saturate_round_half(v: np.ndarray, a: np.ndarray, m: np.ndarray) -> None:
+    """v clipped to half's finite range and rounded to half (round_half_f32's trick on |v|, clipped on the way), in
+    place, with scratch arrays a and m of v's shape: the passes of one group of a half-partials matmul, no
+    allocations."""
+    np.abs(v, out=a)
+    np.minimum(a, np.float32(F16_MAX), out=a)  # partials saturate (NaN stays NaN)
+    np.bitwise_and(a.view(np.uint32), np.uint32(0x7F800000), out=m.view(np.uint32))  # 2**exponent (0 for zero)
+    np.maximum(m, np.float32(2.0**-14), out=m)
+    m *= np.float32(2.0**13)
+    a += m
+    a -= m
+    np.copysign(a, v, out=v)
 
 
 def half_partials_matmul(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:

@@ -156,7 +156,7 @@ def test_embedding_ids_out_of_range_in_a_stack():
 
 def test_round_to_half_is_the_half_cast():
     """Every half value, every midpoint between neighbours and the floats either side of it, and random floats."""
-    from tremula.numerics.amp import round_half_f32 as round_to_half
+    from tremula.numerics.amp import saturate_round_half as round_to_half
 
     h = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     h = np.sort(h[np.isfinite(h)].astype(np.float32))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.numerics.amp import F16_MAX, half_partial_sums, round_half_f32
+from tremula.numerics.amp import half_partial_sums, saturate_round_half
 from tremula.target import cost_terms
 
 
@@ -42,8 +42,7 @@ def _half_stack(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
 
 
 def _matmul(ops: list[np.ndarray], params) -> None:
-    # params: (has_bias,). operands: x [m,k], w [k,n], (bias [1,n]), out [m,n]
-    # params: (has_bias[, group]) -- group > 0: half partials
+    # params: (has_bias[, group]): group > 0 means half partials. operands: x [m,k], w [k,n], (bias [1,n]), out [m,n]
     x, w, out = ops[0], ops[1], ops[-1]
     group = _param(params, 1)
     if group and x.dtype == np.float16:
@@ -101,8 +100,7 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
         s = parts[:, 0]
         for q in range(1, n_parts):
             s += parts[:, q]
-            np.clip(s, -F16_MAX, F16_MAX, out=s)
-            round_half_f32(s)
+            saturate_round_half(s)
         s = s.reshape(own.shape)
     else:
         s = own.astype(np.float32)  # (a copy: summed in place)

@@ -16,13 +16,17 @@ F16_MAX = float(np.finfo(np.float16).max)
 AMP_BLOCK = 1 << 16  # accumulator elements per block of rows: its running sum and products stay in the L2 cache
 
 
-def round_half_f32(v: np.ndarray) -> np.ndarray:
-    """float32 values (|v| <= 65504, or NaN) rounded to the nearest half value, ties to even, kept in float32, in
-    place: adding M = 2**13 x the value's binade (at least 2**-14, the half subnormal range) rounds it to a multiple
-    of M's float32 ulp, which is the half quantum there; subtracting M back is exact. The simulator's quarter and
-    half-partials matmuls round their running sums with this same function."""
-    a = np.abs(v)
-    m = (a.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)  # 2**exponent (0 for zero)
+def saturate_round_half(v: np.ndarray, a: np.ndarray | None = None, m: np.ndarray | None = None) -> np.ndarray:
+    """float32 values (or NaN) clipped to half's finite range and rounded to the nearest half value, ties to even,
+    kept in float32, in place: adding M = 2**13 x the value's binade (at least 2**-14, the half subnormal range)
+    rounds it to a multiple of M's float32 ulp, which is the half quantum there; subtracting M back is exact. `a` and
+    `m` are scratch arrays of v's shape (made when not given: a loop passes its own, so no pass allocates). The
+    simulator's quarter and half-partials matmuls, their split-K sums and the reference all round with this."""
+    a = np.empty_like(v) if a is None else a
+    m = np.empty_like(v) if m is None else m
+    np.abs(v, out=a)
+    np.minimum(a, np.float32(F16_MAX), out=a)  # partials saturate (NaN stays NaN)
+    np.bitwise_and(a.view(np.uint32), np.uint32(0x7F800000), out=m.view(np.uint32))  # 2**exponent (0 for zero)
     np.maximum(m, np.float32(2.0**-14), out=m)
     m *= np.float32(2.0**13)
     a += m
@@ -55,22 +59,8 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
             if sb is not None:
                 part *= sb
             ob += part
-            _saturate_round_half(ob, a, m)
+            saturate_round_half(ob, a, m)
     return out
-
-
-def _saturate_round_half(v: np.ndarray, a: np.ndarray, m: np.ndarray) -> None:
-    """v clipped to half's finite range and rounded to half (round_half_f32's trick on |v|, clipped on the way), in
-    place, with scratch arrays a and m of v's shape: the passes of one group of a half-partials matmul, no
-    allocations."""
-    np.abs(v, out=a)
-    np.minimum(a, np.float32(F16_MAX), out=a)  # partials saturate (NaN stays NaN)
-    np.bitwise_and(a.view(np.uint32), np.uint32(0x7F800000), out=m.view(np.uint32))  # 2**exponent (0 for zero)
-    np.maximum(m, np.float32(2.0**-14), out=m)
-    m *= np.float32(2.0**13)
-    a += m
-    a -= m
-    np.copysign(a, v, out=v)
 
 
 def half_partials_matmul(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:

@@ -25,7 +25,7 @@ import numpy as np
 from tremula.ir.graph import Graph, Node
 from tremula.ir.interp import run
 from tremula.ir.ops import RefRule
-from tremula.numerics.amp import F16_MAX, half_partial_sums, round_half_f32
+from tremula.numerics.amp import half_partial_sums, saturate_round_half
 
 SplitSums = Mapping[str, tuple[str, tuple[int, ...]]]  # node output -> ("k" | "columns" | "keys", cuts): plan/state.py
 
@@ -84,8 +84,7 @@ def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = 
             else:
                 s += p
                 if half:  # reduce_partials sums half partials in half
-                    np.clip(s, -F16_MAX, F16_MAX, out=s)
-                    round_half_f32(s)
+                    saturate_round_half(s)
         y = s.astype(out_dt, copy=False)
         if bias is not None:
             y = (y + bias.astype(out_dt)).astype(out_dt)  # reduce_partials / matmul add the bias in the output dtype

@@ -13,8 +13,9 @@ import numpy as np
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node
 from tremula.ir.interp import infer_types
+from tremula.ir.layers import find_layers
 from tremula.plan.finalize import memory_plan
-from tremula.plan.layers import layer_key, untie_layer_vectors
+from tremula.plan.layers import untie_layer_vectors
 from tremula.plan.lower_ops import Lowerer
 
 Progress = Callable[[str, int, int], None]
@@ -24,7 +25,7 @@ DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16":
 # The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets trade cycles for memory. Sharing streams
 # every layer's weights to all its tiles, which cost SigLIP so400m 0.1 % of its cycles at batch 4, and holds one
 # layer's vertex state and exchange code instead of one per layer (91 KB a tile less there). A graph without
-# numbered layers skips the shared budget; a graph with them stops after it: once layers share, the permanent budgets
+# repeated layers (ir/layers.py) skips the shared budget; a graph with them stops after it: once layers share, the permanent budgets
 # change nothing, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of host memory to plan.
 PLAN_BUDGETS = ((0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True), (0.12, 0.3, False), (0.12, 0.2, False),
                 (0.04, 0.2, False))
@@ -110,9 +111,10 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     # lowest peak was not the last one tried, it is lowered again.
     best: tuple | None = None  # (peak bytes, budget index)
     futile: dict[bool, float] = {}  # share mode -> the budget below which its tighter budgets cannot help
-    layered = len({layer_key(n.name or n.outputs[0]) for n in g.nodes} - {None}) > 1  # identical layers to share, maybe
+    layers = find_layers(g)
+    layered = len(set(layers.values())) > 1  # identical layers to share, maybe
     if layered:
-        g = untie_layer_vectors(g)
+        g = untie_layer_vectors(g, layers)
     tried_shared = False
     for i, (frac, perm, share) in enumerate(PLAN_BUDGETS):
         if frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
@@ -120,7 +122,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
             continue
         tried_shared = tried_shared or share
         plan = state = live = None  # drop the previous lowering before making the next
-        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share).lower()
+        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
+                        layers=layers).lower()
         mp, live, reserved = memory_plan(state, chip)
         plan = (state, mp, live, reserved)
         if best is None or mp.peak_bytes < best[0]:
@@ -144,6 +147,7 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     if best[1] != i:
         plan = state = live = None
         frac, perm, share = PLAN_BUDGETS[best[1]]
-        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share).lower()
+        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
+                        layers=layers).lower()
         plan = (state, *memory_plan(state, chip))
     return (g, *plan)

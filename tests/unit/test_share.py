@@ -1,17 +1,9 @@
-"""Pure pieces of layer code sharing: layer names, row-major rectangles, folded first fit."""
+"""Pure pieces of layer code sharing: row-major rectangles, folded first fit (layers: test_find_layers.py)."""
 
 import numpy as np
 
-from tremula.plan.layers import _rects, layer_key
+from tremula.plan.layers import _rects
 from tremula.plan.memory import fold_fit
-
-
-def test_layer_key_reads_the_layer_index_from_node_names():
-    assert layer_key("encoder.layers.3.mlp.fc1") == ("encoder.layers.", 3)
-    assert layer_key("/encoder/layer.11/attention/MatMul") == ("/encoder/layer.", 11)
-    assert layer_key("h.0.attn.c_attn") == ("h.", 0)
-    assert layer_key("embeddings.patch_embedding") is None
-    assert layer_key("post_layernorm") is None
 
 
 def test_rects_cover_a_row_major_range_exactly_once():

@@ -13,57 +13,49 @@ block's copy for every layer (27 x 34 KB on SigLIP so400m), while other tiles ho
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from tremula.ir.graph import Constant, DerivedInit, Graph
+from tremula.ir.layers import LayerKey, node_key
 from tremula.plan.exchange import gather_rects, make_transfers
 from tremula.plan.layout import block_rel_offsets, blocks
 from tremula.plan.memory import align
 
 I64 = np.int64
 ALIGN_SLACK = 4  # when a layer's storage overflows its cap, the cap grows by this many aligned words per tile
-# A layer's nodes are named <prefix><index><separator>...: "encoder.layers.3.mlp.fc1", "/encoder/layer.3/...", "h.3.".
-_LAYER = re.compile(r"^(.*?[./_])(\d+)[./_]")
 
 
-def layer_key(name: str) -> tuple[str, int] | None:
-    """(prefix, index) of the layer a node belongs to, from its name; None outside numbered layers."""
-    m = _LAYER.match(name)
-    return (m.group(1), int(m.group(2))) if m else None
-
-
-def untie_layer_vectors(graph: Graph) -> Graph:
-    """The graph with every vector constant (rank <= 1) that nodes of several numbered layers read given one copy per
-    layer (the first keeps the original). Exporters store equal initializers once: torch.onnx's legacy exporter keeps
+def untie_layer_vectors(graph: Graph, layers: dict[str, LayerKey]) -> Graph:
+    """The graph with every vector constant (rank <= 1) that nodes of several layers read (`layers`: node_key ->
+    layer, ir/layers.find_layers) given one copy per layer (the first keeps the original). Exporters store equal initializers once: torch.onnx's legacy exporter keeps
     one all-ones and one all-zeros vector for every LayerNorm and bias of a freshly initialised model, and a layer
     whose LayerNorm reads another layer's scale cannot run the template layer's code (plan/share.py needs each
     layer's constants where the template has its own). A copy shares the original's values (nothing is made twice);
     on the chip each layer then holds its vectors, as a model with its own per layer does. Matrices stay tied:
     copying an ALBERT-style shared layer would multiply its weights."""
-    layers: dict[str, list[tuple[str, int]]] = {}
+    readers: dict[str, list[LayerKey]] = {}
     for n in graph.nodes:
-        key = layer_key(n.name or n.outputs[0])
+        key = layers.get(node_key(n))
         for v in n.inputs:
             c = graph.constants.get(v)
-            if key is not None and c is not None and len(c.type.shape) <= 1 and key not in layers.get(v, []):
-                layers.setdefault(v, []).append(key)
-    tied = {v: keys[1:] for v, keys in layers.items() if len(keys) > 1}
+            if key is not None and c is not None and len(c.type.shape) <= 1 and key not in readers.get(v, []):
+                readers.setdefault(v, []).append(key)
+    tied = {v: keys[1:] for v, keys in readers.items() if len(keys) > 1}
     if not tied:
         return graph
     g = graph.copy()
     for v, keys in tied.items():
         c = g.constants[v]
-        for prefix, index in keys:
-            name = f"{v}@{prefix}{index}"
+        for run, index in keys:
+            name = f"{v}@{run}.{index}"
             g.constants[name] = Constant(name, c.type, init=DerivedInit(c, lambda x: x, f"per-layer copy of {v}"))
             g.types[name] = c.type
     for n in g.nodes:
-        key = layer_key(n.name or n.outputs[0])
+        key = layers.get(node_key(n))
         if key is not None:
-            n.inputs = [f"{v}@{key[0]}{key[1]}" if key in tied.get(v, ()) else v for v in n.inputs]
+            n.inputs = [f"{v}@{key[0]}.{key[1]}" if key in tied.get(v, ()) else v for v in n.inputs]
     return g
 
 
@@ -99,21 +91,21 @@ class SharedLayers:
     share_layers = False
 
     def _init_layers(self) -> None:
-        self._run: tuple[str, int] | None = None  # (prefix, current index) of the run being lowered
+        self._run: LayerKey | None = None  # (run, index) of the layer being lowered
         self._snap = None  # placement state at the start of the run's first layer
         self._spread: _Spread | None = None
         self._carry: tuple[str, str] | None = None  # the layer's (input, output) hidden state
         self._carry_owner = ""  # the name of the layer's last node: the re-layout of its output is the layer's
         self._by_layer: dict | None = None  # layer -> its nodes, made on first use
 
-    def _layer_nodes(self, key: tuple[str, int]) -> list:
+    def _layer_nodes(self, key: LayerKey) -> list:
         if self._by_layer is None:
             self._by_layer = {}
             for n in self.graph.nodes:
-                self._by_layer.setdefault(layer_key(n.name or n.outputs[0]), []).append(n)
+                self._by_layer.setdefault(self.layers.get(node_key(n)), []).append(n)
         return self._by_layer.get(key, [])
 
-    def _layer_bytes(self, key: tuple[str, int]) -> int:
+    def _layer_bytes(self, key: LayerKey) -> int:
         """Bytes of the constants one layer's nodes read (weights, biases, FP8 scales, LayerNorm parameters): what
         its spread storage holds."""
         consts = {v for n in self._layer_nodes(key) for v in n.inputs if v and v in self.graph.constants}
@@ -121,7 +113,7 @@ class SharedLayers:
 
     def _enter(self, owner: str) -> None:
         """Called before each node: start, continue or end a run of layers, rewinding placement at layer starts."""
-        key = layer_key(owner)
+        key = self.layers.get(owner)
         if self._run is not None and key == self._run:
             self._carry_owner = owner
             return
@@ -209,19 +201,19 @@ class SharedLayers:
         return lay
 
     # ------------------------------------------------------------------------------------------------ the carried value
-    def _carried(self, key: tuple[str, int]) -> tuple[str, str] | None:
+    def _carried(self, key: LayerKey) -> tuple[str, str] | None:
         """(value the layer reads from before it, value it leaves to after it) when there is one of each of the same
         type, e.g. a transformer layer's hidden states in and out."""
         nodes = self._layer_nodes(key)
         made = {o for n in nodes for o in n.outputs}
 
         def mine(v: str) -> bool:  # read by no other layer of the run (unlike an attention mask every layer reads)
-            keys = [layer_key(c.name or c.outputs[0]) for c in self.consumers.get(v, [])]
+            keys = [self.layers.get(node_key(c)) for c in self.consumers.get(v, [])]
             return all(k is None or k == key or k[0] != key[0] for k in keys)
 
         ins = {v for n in nodes for v in n.inputs if v and v not in made and v not in self.graph.constants and mine(v)}
         outs = {o for o in made if o in self.graph.outputs or
-                any(layer_key(c.name or c.outputs[0]) != key for c in self.consumers.get(o, []))}
+                any(self.layers.get(node_key(c)) != key for c in self.consumers.get(o, []))}
         if len(ins) != 1 or len(outs) != 1:
             return None
         (i,), (o,) = ins, outs

@@ -13,13 +13,12 @@ from tremula.codelets.fp8 import format_id
 from tremula.codelets.norm import REDUCE_IDS
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
+from tremula.ir.layers import LayerKey, find_layers
 from tremula.ir.ops import OPS, _norm_axis, rule
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
 from tremula.plan.layers import SharedLayers
-from tremula.plan.lower_attention import AttentionLowering, head_views
 from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, reshape_free, view2d
-from tremula.target.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
-from tremula.target import cost_terms
+from tremula.plan.lower_attention import AttentionLowering, head_views
 from tremula.plan.state import LoweringState, SymConst, SymStream
 from tremula.plan.strategies import (
     ROW_BLOCK_FRACTION,
@@ -30,6 +29,8 @@ from tremula.plan.strategies import (
     choose_linear,
     choose_linear_pair,
 )
+from tremula.target import cost_terms
+from tremula.target.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
 
 I64 = np.int64
 STRIDE = 1 << 40  # index maps encode (input k, element e) as k * STRIDE + e
@@ -57,8 +58,11 @@ def supported(graph: Graph) -> list[str]:
 
 class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
-                 temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False):
+                 temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False,
+                 layers: dict[str, LayerKey] | None = None):
         super().__init__(chip.tiles)
+        # node_key -> (run, index) of the repeated layers, found by structure (ir/layers.py) unless the caller did
+        self.layers = find_layers(graph) if layers is None else layers
         self.temp_fraction, self.perm_fraction = temp_fraction, perm_fraction
         self.share_layers = share_layers
         self._init_layers()

@@ -1,6 +1,6 @@
 """Layers whose lowered steps are identical share one copy of their vertex state and exchange code.
 
-A run of layers (node names <prefix><i>.…, plan/layers.py) shares when every layer's vertex groups and transfers are
+A run of layers (found by structure, ir/layers.py) shares when every layer's vertex groups and transfers are
 those of a template layer, item by item: the same codelets, tiles, shapes, offsets, transfer patterns, at a constant
 step distance, with buffers that map one-to-one onto the template's. Then the layer can run the template's code, as
 an outlined function (a Poplar `Call`), if
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tremula.plan.layers import layer_key
 from tremula.plan.state import LoweringState
 from tremula.target.overheads import PATCH_WORD_BYTES
 
@@ -57,11 +56,11 @@ def _entries(state: LoweringState) -> dict[tuple[str, int], list[tuple[int, int,
     out: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     for k, s in enumerate(state.steps):
         for i, o in enumerate(s.group_owners):
-            key = layer_key(o)
+            key = state.layers.get(o)
             if key is not None:
                 out.setdefault(key, []).append((k, 0, i))
         for i, o in enumerate(s.owners):
-            key = layer_key(o)
+            key = state.layers.get(o)
             if key is not None:
                 out.setdefault(key, []).append((k, 1, i))
     return out

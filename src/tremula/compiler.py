@@ -18,7 +18,7 @@ import numpy as np
 from tremula.batch_search import find_max_batch, refuse_oversize
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibrate
-from tremula.frontends.rebatch import FixedBatch
+from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import Progress, check_fp8, plan_graph, resolve_dtype
 from tremula.plan.finalize import to_program
@@ -136,9 +136,38 @@ def builder(model: ModelSpec, seq_len: int | None) -> Callable[[int | None], Gra
         return None
     if isinstance(model, str):
         from tremula.frontends import load_model
+        from tremula.frontends.zoo import zoo_choice
 
-        return lambda b: load_model(model, batch=b, seq_len=seq_len)
+        if zoo_choice(model) is not None:  # built from its config with lazy weights: building is free
+            return lambda b: load_model(model, batch=b, seq_len=seq_len)
+        return _Rebatching(lambda b: load_model(model, batch=b, seq_len=seq_len))
     return lambda b: model(1 if b is None else b)  # a user's builder has no batch of its own
+
+
+class _Rebatching:
+    """batch -> Graph for a model file or folder: loaded once at batch 1, then re-shaped to each batch that the batch
+    search, its bounds and the calibration probe (frontends/rebatch.py), instead of importing the file again for
+    every probe (a 1.7 GB ONNX export); loaded at that batch when the rebatcher cannot prove the graph allows it. A
+    rebatched graph computes what the file's own graph at that batch does (rebatch checks every value's shape) and
+    differs in some value names only. The graph compiled in the end is the file's own (`exact`)."""
+
+    def __init__(self, load: Callable[[int | None], Graph]):
+        self.exact, self.base = load, None
+
+    def __call__(self, batch: int | None) -> Graph:
+        if batch is None:
+            return self.exact(None)
+        try:
+            if self.base is None:
+                self.base = self.exact(1)
+            return self.base if batch == 1 else rebatch(self.base, batch)
+        except (CannotRebatch, FixedBatch):  # FixedBatch: the file cannot go to batch 1; perhaps to this batch
+            return self.exact(batch)
+
+
+def _exact(build: Callable[[int | None], Graph], batch: int | None) -> Graph:
+    """The graph to compile at `batch`: the model's own (a file imported at that batch, not a probe's rebatch)."""
+    return getattr(build, "exact", build)(batch)
 
 
 def _fixed_batch(model: ModelSpec) -> int | None:
@@ -192,7 +221,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             raise TremulaError(f"batch must be >= 1 (got {batch})")
     graph: Graph | None = None
     if batch != "auto":
-        graph = model if isinstance(model, Graph) else build(batch)  # type: ignore[misc]
+        graph = model if isinstance(model, Graph) else _exact(build, batch)  # type: ignore[arg-type]
         real = model_batch(graph)
         if batch is not None and real is not None and real != batch:
             raise TremulaError(f"the graph has batch {real}, not the batch {batch} asked; build it at that batch or "
@@ -217,7 +246,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         batch = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found,
                                partials=partials)
         shared_only = "shared_from" in found
-        graph = build(batch)
+        graph = _exact(build, batch)
     assert graph is not None
     real = model_batch(graph)
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)

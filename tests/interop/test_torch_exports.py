@@ -139,6 +139,34 @@ def test_dynamo_dynamic_shapes_take_batch_and_seq_len(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("family", ["vit", "bert"])
+def test_batch_probes_import_the_file_once_and_plan_as_the_file_at_that_batch(family: str, tmp_path, monkeypatch):
+    """compiler.builder for a file: the batch search's probes rebatch one import (issue #13) instead of importing
+    the file per probe, and a probe plans exactly as the file imported at that batch does."""
+    from tremula import compiler, frontends
+    from tremula.pipeline import plan_graph
+    from tremula.target.chip import load_chip
+
+    torch.manual_seed(9)
+    model, inputs = _family(family, "eager")
+    path = tmp_path / "model.onnx"
+    _export(model, inputs, path, dynamo=False, opset_version=17, dynamic_axes={k: {0: "batch"} for k in inputs})
+    loads = []
+    real = frontends.load_model
+    monkeypatch.setattr(frontends, "load_model", lambda *a, **k: loads.append(k.get("batch")) or real(*a, **k))
+    build = compiler.builder(str(path), None)
+    probes = {b: build(b) for b in (1, 2, 8)}
+    assert loads == [1]
+    for b, g in probes.items():
+        assert g.types[g.inputs[0]].shape[0] == b
+    chip = load_chip("c600")
+    _, ps, probe, _, _ = plan_graph(probes[8], chip, "float16")
+    _, es, exact, _, _ = plan_graph(build.exact(8), chip, "float16")
+    assert loads == [1, 8]
+    assert (len(ps.steps), probe.peak_bytes, probe.fullest_tile, probe.by_category) == (
+        len(es.steps), exact.peak_bytes, exact.fullest_tile, exact.by_category)
+
+
+@pytest.mark.parametrize("family", ["vit", "bert"])
 def test_dynamo_unoptimized_export_folds_its_shape_noise(family: str, tmp_path) -> None:
     # Without onnxscript's optimizer the export keeps Constant/Identity/CastLike/Range/Expand noise to fold.
     # (Local functions are tested with a hand-built model in tests/unit: torch 2.13's legacy

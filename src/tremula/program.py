@@ -9,9 +9,9 @@ materialises the bytes at load time from the Graph the Program was compiled from
 makes it stand alone is its `Provenance` (provenance.py): the chip's TOML text and its sha256, and the sha256 of the
 weights it was compiled for, so `tremula run` can refuse another chip or other weights in one line.
 
-FP8 codes are bytes in memory ("uint8", what the simulator views them as); the file names each FP8 operand's format
-as its ml_dtypes name (FP8_DTYPES), from the codelet's format parameter (FP8_OPERANDS) or, for a weight constant, from
-the Provenance's named map, and load maps them back with `storage_dtype`.
+FP8 is a dtype here as in the Graph: an FP8 operand or weight constant has its format's ml_dtypes name (FP8_DTYPES),
+and tile memory holds one code byte an element (`storage_dtype`, how the simulator views it). Loading checks every FP8
+operand's name against the format its codelet's parameters give (FP8_OPERANDS).
 
 File format: one NPZ (zip of .npy entries written with fixed timestamps, so the same Program gives the same bytes)
 holding `header.json` (a uint8 array of UTF-8 JSON) and flat arrays; read back with `np.load(allow_pickle=False)`.
@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from tremula.errors import TremulaError
+from tremula.numerics.fp8 import FP8_DTYPES, is_fp8
 
 # 2: shared layers' steps are calls of a template step with a patch; a Provenance (chip TOML, chip and weights
-# sha256); FP8 operands named by format
-FORMAT_VERSION = 2
+# sha256); FP8 operands named by format. 3: FP8 weights hash with their FP8 dtype's name (provenance.WEIGHTS_HASH)
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -317,47 +318,28 @@ class BufferTable:
     b_size: np.ndarray  # int64 [m]
 
 
-# FP8 (QUARTER) formats by their ml_dtypes names, in the order of the codelets' format ids (codelets/fp8.FORMATS:
-# F143, F152; numerics/fp8.Fp8Format.np_dtype). In memory an FP8 operand is one byte a code, "uint8".
-FP8_DTYPES = ("float8_e4m3fnuz", "float8_e5m2fnuz")
-FP8_MIXED = "float8"  # a group whose vertices' operands are in different FP8 formats: each one's is in its params
 # Codelet -> {operand index: params column holding that operand's FP8 format id} (codelets/fp8.py's param layouts).
 FP8_OPERANDS: dict[str, dict[int, int]] = {"fp8_cast": {1: 0}, "matmul_fp8": {0: 1, 1: 2}}
 
 
 def storage_dtype(name: str) -> np.dtype:
-    """The NumPy type an element of dtype `name` is stored as in tile memory: one byte for an FP8 format, else
-    the type itself. (The simulator views operand bytes with it; the in-memory Program keeps FP8 as "uint8".)"""
-    if name in FP8_DTYPES or name == FP8_MIXED:
-        return np.dtype(np.uint8)
-    return np.dtype(name)
+    """The NumPy type an element of dtype `name` is stored as in tile memory: an FP8 format's code byte (uint8), else
+    the type itself."""
+    return np.dtype(np.uint8) if is_fp8(name) else np.dtype(name)
 
 
-def _file_dtypes(g: VertexGroup) -> list[str]:
-    """A group's operand dtypes as the file names them: each FP8 operand by its format, read from its params."""
-    names = list(g.dtypes)
-    for a, col in FP8_OPERANDS.get(g.codelet, {}).items():
-        if a >= len(names) or names[a] != "uint8" or len(g) == 0:
-            continue
-        ids = np.unique(g.params[:, col])
-        ok = len(ids) == 1 and 0 <= ids[0] < len(FP8_DTYPES)
-        names[a] = FP8_DTYPES[int(ids[0])] if ok else FP8_MIXED
-    return names
-
-
-def _memory_dtypes(codelet: str, names: list[str], params: np.ndarray) -> tuple[str, ...]:
-    """The file's operand dtypes as the Program holds them, refused (ValueError: a damaged file) when an FP8 name is
-    on an operand that is not FP8 or disagrees with the format its params give."""
+def _checked_dtypes(codelet: str, names: list[str], params: np.ndarray) -> tuple[str, ...]:
+    """A group's operand dtypes from the file, refused (ValueError: a damaged file) when one is not a type, or an FP8
+    one is on an operand that is not FP8 or disagrees with the format its params give."""
     fp8 = FP8_OPERANDS.get(codelet, {})
-    out = []
     for a, name in enumerate(names):
-        if name in FP8_DTYPES or name == FP8_MIXED:
+        np.dtype(name)  # an unknown name is a TypeError: a damaged file
+        if is_fp8(name):
             if a not in fp8:
                 raise ValueError(f"{codelet} operand {a} is named {name}, but it is not an FP8 operand")
-            if name != FP8_MIXED and len(params) and not (params[:, fp8[a]] == FP8_DTYPES.index(name)).all():
+            if len(params) and not (params[:, fp8[a]] == FP8_DTYPES.index(name)).all():
                 raise ValueError(f"{codelet} operand {a} is named {name}, but its vertices' format ids differ")
-        out.append(storage_dtype(name).name if name in FP8_DTYPES or name == FP8_MIXED else name)
-    return tuple(out)
+    return tuple(names)
 
 
 @dataclass
@@ -373,7 +355,6 @@ class Provenance:
     weights_sha256: str = ""  # provenance.weights_sha256 of the planned graph's constants this Program reads
     seq_len: int | None = None  # the --seq-len compiled with (None: the model's own)
     fp8_scales: dict[str, int] = field(default_factory=dict)  # activation cast node name -> its power-of-two scale
-    fp8_consts: dict[str, str] = field(default_factory=dict)  # FP8 code constant name -> its format (FP8_DTYPES)
 
     @property
     def sealed(self) -> bool:
@@ -384,13 +365,12 @@ class Provenance:
                 "seq_len": self.seq_len, "fp8_scales": dict(sorted(self.fp8_scales.items()))}
 
     @staticmethod
-    def from_json(d: dict, fp8_consts: dict[str, str]) -> Provenance:
+    def from_json(d: dict) -> Provenance:
         seq = d["seq_len"]
         if seq is not None and (not isinstance(seq, int) or seq < 1):
             raise ValueError(f"seq_len {seq!r} is not a positive integer")
         scales = {str(k): int(v) for k, v in d["fp8_scales"].items()}
-        return Provenance(str(d["chip_toml"]), str(d["chip_sha256"]), str(d["weights_sha256"]), seq, scales,
-                          dict(fp8_consts))
+        return Provenance(str(d["chip_toml"]), str(d["chip_sha256"]), str(d["weights_sha256"]), seq, scales)
 
 
 @dataclass
@@ -500,7 +480,6 @@ def save_program(program: Program, path: str | Path) -> None:
     gparts: dict[str, list[np.ndarray]] = {k: [] for k in _GROUP_ARRAYS}
     tparts: dict[str, list[np.ndarray]] = {k: [] for k in _TT_ARRAYS}
     cparts: dict[str, list[np.ndarray]] = {k: [] for k in _CALL_ARRAYS}
-    fp8 = program.provenance.fp8_consts  # weight codes' formats by constant name (the Program alone cannot tell)
     for s in program.steps:
         if s.call is not None:  # a shared layer's step: only what differs from its template
             steps_meta.append({"label": s.label, "origin": _save_origin(s.origin),
@@ -509,7 +488,7 @@ def save_program(program: Program, path: str | Path) -> None:
         gids = []
         for g in s.compute:
             gids.append(len(groups_meta))
-            groups_meta.append({"codelet": g.codelet, "dtypes": _file_dtypes(g), "n": len(g),
+            groups_meta.append({"codelet": g.codelet, "dtypes": list(g.dtypes), "n": len(g),
                                 "n_params": int(g.params.shape[1]), "n_ops": len(g.dtypes)})
             for k in _GROUP_ARRAYS:
                 gparts[k].append(np.asarray(getattr(g, k)).reshape(-1))
@@ -526,8 +505,7 @@ def save_program(program: Program, path: str | Path) -> None:
         "sram_bytes_per_tile": program.sram_bytes_per_tile, "dtype": program.dtype, "batch": program.batch,
         "steps": steps_meta, "groups": groups_meta,
         "host_in": [_stream_dict(s) for s in program.host_in], "host_out": [_stream_dict(s) for s in program.host_out],
-        "consts": [[c.name, c.tile, c.addr, c.r0, c.r1, c.c0, c.c1, fp8.get(c.name, c.dtype) if c.dtype == "uint8"
-                    else c.dtype] for c in program.consts],
+        "consts": [[c.name, c.tile, c.addr, c.r0, c.r1, c.c0, c.c1, c.dtype] for c in program.consts],
         "buffers": {"names": program.buffers.names, "category": program.buffers.category},
         "io_types": {k: [list(v[0]), v[1]] for k, v in sorted(program.io_types.items())},
         "meta": program.meta,
@@ -573,17 +551,12 @@ def load_program(path: str | Path) -> Program:
         raise TremulaError(f"program file {path} is damaged ({e}); recompile it") from None
 
 
-def _load_consts(rows: list) -> tuple[list[ConstImage], dict[str, str]]:
-    """The weight images with FP8 codes back as bytes ("uint8"), and each FP8 constant's format by name."""
-    consts, fp8 = [], {}
+def _load_consts(rows: list) -> list[ConstImage]:
+    consts = []
     for name, tile, addr, r0, r1, c0, c1, dtype in rows:
-        if dtype in FP8_DTYPES:
-            if fp8.setdefault(name, dtype) != dtype:
-                raise ValueError(f"constant {name!r} is named in two FP8 formats")
-            dtype = storage_dtype(dtype).name
         np.dtype(dtype)  # an unknown type name is a damaged file (TypeError), not a failure deep in the simulator
         consts.append(ConstImage(name, tile, addr, r0, r1, c0, c1, dtype))
-    return consts, fp8
+    return consts
 
 
 def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
@@ -598,7 +571,7 @@ def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
             flat = arrays[f"g_{k}"][cursor[k]: cursor[k] + sizes[k]]
             part[k] = flat.reshape(shapes[k]).astype(np.int32 if k == "tiles" else np.int64)
             cursor[k] += sizes[k]
-        groups.append(VertexGroup(gm["codelet"], _memory_dtypes(gm["codelet"], gm["dtypes"], part["params"]),
+        groups.append(VertexGroup(gm["codelet"], _checked_dtypes(gm["codelet"], gm["dtypes"], part["params"]),
                                   part["tiles"], part["params"], part["addrs"], part["shapes"]))
     steps = []
     tc, dc = 0, 0
@@ -631,12 +604,12 @@ def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
     bt = BufferTable(header["buffers"]["names"], header["buffers"]["category"],
                      *[arrays[f"b_{k}"] for k in _BT_ARRAYS])
     bt.b_tiles = bt.b_tiles.astype(np.int32)
-    consts, fp8_consts = _load_consts(header["consts"])
+    consts = _load_consts(header["consts"])
     return Program(
         chip=header["chip"], tiles=header["tiles"], sram_bytes_per_tile=header["sram_bytes_per_tile"],
         dtype=header["dtype"], batch=header["batch"], steps=steps,
         host_in=[HostStream(**d) for d in header["host_in"]], host_out=[HostStream(**d) for d in header["host_out"]],
-        consts=consts, buffers=bt, provenance=Provenance.from_json(header["provenance"], fp8_consts),
+        consts=consts, buffers=bt, provenance=Provenance.from_json(header["provenance"]),
         io_types={k: (tuple(v[0]), v[1]) for k, v in header["io_types"].items()},
         reserved_bytes=arrays["reserved_bytes"], meta=header["meta"],
         reserved_split={k[len("reserved_"):]: v for k, v in arrays.items() if k.startswith("reserved_")

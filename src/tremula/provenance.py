@@ -8,12 +8,12 @@ a file stays small; `seal` records what `tremula run` needs to know it is given 
 - the weights: WEIGHTS_HASH below, over the constants of the planned graph (the graph after canonicalisation and
   precision lowering, the one the Program was compiled from) that the Program reads;
 - how to rebuild that graph without planning: the --seq-len, and the FP8 activation scales by cast node name (the
-  weights' FP8 codes and scales are made from the weights themselves, so they need nothing else);
-- the FP8 format of each weight-code constant, by name, which the file writes as the constant's dtype.
+  weights' FP8 codes and scales are made from the weights themselves, so they need nothing else; an FP8 constant's
+  format is its dtype).
 
 WEIGHTS_HASH (version 1): sha256 over the constants named by the Program's weight images, each once, in ascending
 order of name (Python string order, i.e. by code point); for each constant, in this order: its name in UTF-8, a NUL
-byte, its dtype name (NumPy's, e.g. "float16", "uint8"), a NUL byte, its shape as decimal sizes joined by "," (empty
+byte, its dtype name (NumPy's, e.g. "float16", or an FP8 format's ml_dtypes name, "float8_e4m3fnuz"), a NUL byte, its shape as decimal sizes joined by "," (empty
 for a scalar), a NUL byte, then its values in C order as little-endian bytes of that dtype. The values are those of
 the planned graph's constant, before any cast the weight image applies when it is loaded.
 """
@@ -29,7 +29,7 @@ import numpy as np
 
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph
-from tremula.program import FP8_DTYPES, Program
+from tremula.program import Program
 from tremula.target.chip import Chip, builtin_chip_names
 
 WEIGHTS_HASH_VERSION = 1
@@ -130,7 +130,7 @@ def weights_sha256(graph: Graph, names: list[str] | set[str], cache: bool = Fals
         v = v.astype(v.dtype.newbyteorder("<"), copy=False)  # little-endian on any host (a no-op on most)
         shape = ",".join(str(int(d)) for d in v.shape)
         h.update(f"{name}\0{v.dtype.name}\0{shape}\0".encode())
-        h.update(memoryview(v).cast("B") if v.size else b"")
+        h.update(memoryview(v.reshape(-1).view(np.uint8)) if v.size else b"")  # (bytes of any dtype, FP8 too)
     return h.hexdigest()
 
 
@@ -145,19 +145,6 @@ def fp8_scales(planned: Graph) -> dict[str, int]:
     return {n.name.removesuffix(".quantize"): int(n.attrs["scale"]) for n in planned.nodes if n.op == "Fp8Quantize"}
 
 
-def fp8_consts(planned: Graph) -> dict[str, str]:
-    """Each FP8 weight-code constant's format as its ml_dtypes name (the LinearFp8 that reads it says which)."""
-    from tremula.numerics.fp8 import Fp8Format
-
-    out = {}
-    for n in planned.nodes:
-        if n.op == "LinearFp8":
-            name = Fp8Format.parse(n.attrs["w_fmt"]).np_dtype.name
-            assert name in FP8_DTYPES, name
-            out[n.inputs[1]] = name
-    return out
-
-
 def seal(program: Program, chip: Chip, planned: Graph, seq_len: int | None = None) -> Program:
     """Fill `program.provenance` from the chip it was compiled for and the planned graph it was compiled from (the
     weights are hashed one constant at a time, none kept); returns the Program."""
@@ -170,5 +157,4 @@ def seal(program: Program, chip: Chip, planned: Graph, seq_len: int | None = Non
     prov.weights_sha256 = weights_sha256(planned, used)
     prov.seq_len = seq_len
     prov.fp8_scales = fp8_scales(planned)
-    prov.fp8_consts = {k: v for k, v in fp8_consts(planned).items() if k in used}
     return program

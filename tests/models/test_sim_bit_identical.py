@@ -15,6 +15,7 @@ from tremula.codelets.fp8 import _BAD_CODES, FORMATS, amp_matmul_stack
 from tremula.compiler import compile_model
 from tremula.feeds import make_feeds
 from tremula.numerics.fp8 import amp_fp8_matmul
+from tremula.program import storage_dtype
 from tremula.sim.functional import Machine, simulate
 from tremula.target.chip import load_chip
 
@@ -36,7 +37,8 @@ def _plain(program, graph, feeds) -> dict[str, np.ndarray]:
                 for a, dt in enumerate(g.dtypes):
                     r, c = (int(v) for v in g.shapes[i, a])
                     lo = int(g.addrs[i, a])
-                    hi = lo + r * c * np.dtype(dt).itemsize
+                    dt = storage_dtype(dt)  # FP8 operands are their code bytes in memory
+                    hi = lo + r * c * dt.itemsize
                     ops.append(mem[t, lo:hi].copy().view(dt).reshape(r, c))
                     spans.append((lo, hi))
                 cl.run(ops, g.params[i])

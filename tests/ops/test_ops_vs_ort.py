@@ -13,6 +13,7 @@ import pytest
 
 from tremula.export import export_onnx
 from tremula.ir import OPS, Graph, GraphBuilder, run
+from tremula.numerics.fp8 import is_fp8
 
 Gen = Callable[[np.random.Generator], np.ndarray]  # makes one operand from the case's generator
 CASES: dict[str, dict[str, Callable[[np.random.Generator], tuple[Graph, dict[str, np.ndarray]]]]] = {}
@@ -77,6 +78,7 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, n
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # check the exported ops as written
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
+    feeds = {k: v.view(np.uint8) if is_fp8(v.dtype) else v for k, v in feeds.items()}  # FP8 goes in as its codes
     return dict(zip(names, sess.run(names, feeds)))
 
 
@@ -85,6 +87,8 @@ def check(graph: Graph, feeds: dict[str, np.ndarray], opset: int = 17) -> None:
     got = run_ort(export_onnx(graph, opset), feeds)
     for name in graph.outputs:
         r, g = np.asarray(ref[name]), np.asarray(got[name])
+        if is_fp8(r.dtype):  # the export keeps FP8 as its uint8 codes (export/onnx_export._codes): compare codes
+            r = r.view(np.uint8)
         assert g.dtype == r.dtype, f"{name}: onnxruntime gives {g.dtype}, reference {r.dtype}"
         assert g.shape == r.shape, f"{name}: onnxruntime gives {g.shape}, reference {r.shape}"
         if r.dtype.kind == "f":
@@ -289,7 +293,8 @@ def fp8_codes(fmt: str, *shape: int, low: int = -3, high: int = 4) -> Gen:
     AMP's half partials bit for bit (rounding of real partials is tested against amp_fp8_matmul in tests/unit)."""
     from tremula.numerics.fp8 import Fp8Format, quantize
 
-    return lambda rng: quantize(rng.integers(low, high, shape).astype(np.float32), Fp8Format.parse(fmt))
+    f = Fp8Format.parse(fmt)
+    return lambda rng: quantize(rng.integers(low, high, shape).astype(np.float32), f).view(f.np_dtype)
 
 
 add("LinearFp8", "two_groups_bias", ("in", fp8_codes("F143", 2, 3, 64)), ("const", fp8_codes("F143", 64, 5)),

@@ -6,7 +6,7 @@ import pytest
 from tremula.codelets import codelet
 from tremula.codelets.fp8 import amp_fp8_matmul, format_id
 from tremula.errors import TremulaError
-from tremula.numerics.fp8 import Fp8Format, dequantize, quantize
+from tremula.numerics.fp8 import FP8_DTYPES, Fp8Format, dequantize, quantize
 from tremula.target.chip import load_chip
 
 
@@ -44,11 +44,11 @@ def test_fp8_matmul_cycles_use_the_c600_quarter_rate_and_fail_elsewhere():
     c600 = load_chip("c600")
     cl = codelet("matmul_fp8")
     shapes = [(64, 512), (512, 64), (1, 1), (64, 64)]
-    fp8 = cl.cycles(c600, (0, 0, 0, 0, 32), shapes, ("uint8", "uint8", "int8", "float16"))
+    fp8 = cl.cycles(c600, (0, 0, 0, 0, 32), shapes, (FP8_DTYPES[0], FP8_DTYPES[0], "int8", "float16"))
     fp16 = codelet("matmul").cycles(c600, (0,), [(64, 512), (512, 64), (64, 64)], ("float16",) * 3)
     assert fp8 < fp16
     with pytest.raises(TremulaError):
-        cl.cycles(load_chip("mk2"), (0, 0, 0, 0, 32), shapes, ("uint8", "uint8", "int8", "float16"))
+        cl.cycles(load_chip("mk2"), (0, 0, 0, 0, 32), shapes, (FP8_DTYPES[0], FP8_DTYPES[0], "int8", "float16"))
 
 
 def test_layernorm_over_column_blocks_matches_two_pass():

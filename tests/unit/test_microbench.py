@@ -16,6 +16,7 @@ from tremula import calibrate
 from tremula.calibrate import calibration_rows, end_to_end_rows
 from tremula.codelets import codelet
 from tremula.errors import TremulaError
+from tremula.numerics.fp8 import FP8_DTYPES
 from tremula.target.chip import load_chip
 from tremula.target.cost import amp_matmul_cycles
 from tremula.timing.microbench import MEASURED_AMP_TFLOPS, MEASURED_MATMUL_CYCLES, amp_microbench, matmul_point
@@ -121,7 +122,7 @@ def test_matmul_point_is_the_planners_codelet_cycles():
     assert math.isclose(r["pct_amp_peak"], 100 * r["macs_per_cycle"] / peak) and 0 < r["pct_amp_peak"] < 100
     f8 = matmul_point(C600, 244, 128, 64, "fp8")
     assert f8["partials"] == "half" and f8["cycles"] == codelet("matmul_fp8").cycles(
-        C600, (0, 0, 0, 0, 0), [(244, 128), (128, 64), (244, 64)], ["uint8", "uint8", "float16"])
+        C600, (0, 0, 0, 0, 0), [(244, 128), (128, 64), (244, 64)], [FP8_DTYPES[0], FP8_DTYPES[0], "float16"])
     assert f8["cycles"] == amp_matmul_cycles(C600, 244, 128, 64, "fp8", "float16")
 
 

@@ -5,7 +5,7 @@ import numpy as np
 from tremula.feeds import make_feeds
 from tremula.frontends.zoo import build_zoo
 from tremula.ir import run
-from tremula.numerics.fp8 import Fp8Format
+from tremula.numerics.fp8 import Fp8Format, fp8_format, is_fp8
 from tremula.passes import canonicalize
 from tremula.passes.precision import Fp8Policy, activation_casts, calibrate_fp8, fp8_linear_casts, layer_losses
 
@@ -77,7 +77,7 @@ def test_storage_form_replaces_every_fp8_linear_and_keeps_weights_lazy():
     # Q, K and V read one quantised activation; every other Linear reads its own.
     quantized = [n for n in s.nodes if n.op == "Fp8Quantize"]
     assert len(quantized) == len({n.inputs[0] for n in s.nodes if n.op == "LinearFp8"}) < ops.count("LinearFp8")
-    derived = [c for c in s.constants.values() if c.type.dtype in ("uint8", "int8")]
+    derived = [c for c in s.constants.values() if is_fp8(c.type.dtype) or c.type.dtype == "int8"]
     assert derived and all(c.is_lazy for c in derived)
     assert all(c.init.source.is_lazy for c in derived)  # planning made neither the codes nor the float weight
     # One byte per weight: the FP8 graph's weights take a little over half the bytes of the fp16 graph's.
@@ -121,7 +121,8 @@ def test_weight_codes_and_scale_come_from_the_weights_max_abs():
     codes, scale = s.constants[lin.inputs[1]], s.constants[lin.inputs[2]]
     w = codes.init.source.value().astype(np.float32)
     sc = int(scale.value()[0, 0])
-    fmt = Fp8Format.parse(lin.attrs["w_fmt"])
-    decoded = codes.value().view(fmt.np_dtype).astype(np.float32) * 2.0 ** sc
+    fmt = fp8_format(codes.type.dtype)  # FP8 is a dtype: the weight's says its format
+    assert codes.value().dtype == fmt.np_dtype
+    decoded = codes.value().astype(np.float32) * 2.0 ** sc
     assert np.max(np.abs(w)) * 2.0 ** -sc <= fmt.max < 2 * np.max(np.abs(w)) * 2.0 ** -sc
     np.testing.assert_allclose(decoded, w, rtol=2 ** -3, atol=2.0 ** (sc - 10))  # 3 mantissa bits

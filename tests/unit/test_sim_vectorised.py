@@ -20,6 +20,7 @@ from tremula.feeds import make_feeds
 from tremula.frontends import load_model
 from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, quantize
 from tremula.pipeline import canonical
+from tremula.program import storage_dtype
 from tremula.sim.functional import Machine, simulate
 from tremula.target.chip import load_chip
 
@@ -37,7 +38,8 @@ def run_one_by_one(m: Machine) -> None:
                 for a, dt in enumerate(g.dtypes):
                     r, c = (int(x) for x in g.shapes[i, a])
                     addr = int(g.addrs[i, a])
-                    views.append(m.mem[t, addr: addr + r * c * np.dtype(dt).itemsize].view(dt).reshape(r, c))
+                    dt = storage_dtype(dt)  # (FP8 operands as their code bytes, as the simulator views them)
+                    views.append(m.mem[t, addr: addr + r * c * dt.itemsize].view(dt).reshape(r, c))
                 cl.run(views, tuple(int(p) for p in g.params[i]))
         ex = step.exchange
         for j in range(len(ex)):

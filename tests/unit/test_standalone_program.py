@@ -17,7 +17,8 @@ from tremula.pipeline import canonical
 from tremula.errors import TremulaError
 from tremula.frontends import load_model
 from tremula.ir.graph import Constant, Graph, TensorType
-from tremula.program import FP8_DTYPES, FORMAT_VERSION, load_program, save_program, storage_dtype
+from tremula.numerics.fp8 import FP8_DTYPES
+from tremula.program import FORMAT_VERSION, load_program, save_program, storage_dtype
 from tremula.provenance import seal, weights_sha256
 from tremula.run_program import prepare, run_saved
 from tremula.sim.functional import simulate
@@ -76,7 +77,7 @@ def test_a_shared_layer_program_reloads_and_simulates_bit_identically(tmp_path, 
     assert all(before[k].tobytes() == after[k].tobytes() for k in before)
 
 
-def test_fp8_operands_are_named_by_format_in_the_file_and_bytes_in_memory(tmp_path):
+def test_fp8_operands_and_weights_have_their_formats_dtype_in_memory_and_in_the_file(tmp_path):
     res, path = _saved(tmp_path, "bert-tiny", "c600", 2, "fp8")
     with np.load(path) as z:
         header = json.loads(bytes(z["header.json"]).decode())
@@ -85,9 +86,10 @@ def test_fp8_operands_are_named_by_format_in_the_file_and_bytes_in_memory(tmp_pa
     mm = [g for g in header["groups"] if g["codelet"] == "matmul_fp8"]
     assert mm and all(g["dtypes"][:2] == ["float8_e4m3fnuz"] * 2 for g in mm)
     back = load_program(path)
-    assert back.consts == res.program.consts  # FP8 codes are bytes again ("uint8") in memory
-    assert back.provenance.fp8_consts and set(back.provenance.fp8_consts.values()) == {"float8_e4m3fnuz"}
-    assert all(name.endswith(".codes") for name in back.provenance.fp8_consts)
+    assert back.consts == res.program.consts
+    fp8 = {c.name for c in back.consts if c.dtype == "float8_e4m3fnuz"}
+    assert fp8 and all(name.endswith(".codes") for name in fp8)  # the weights' FP8 codes
+    assert [g.dtypes for s in back.steps for g in s.compute] == [g.dtypes for s in res.program.steps for g in s.compute]
 
 
 def test_fp8_names_follow_the_codelets_formats():

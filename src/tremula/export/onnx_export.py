@@ -14,13 +14,15 @@ from onnx import helper, numpy_helper
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph, Node, TensorType
 from tremula.ir.ops import OPS
+from tremula.numerics.fp8 import is_fp8
 
 MIN_OPSET, MAX_OPSET = 17, 21  # 17: first with LayerNormalization; 21: newest the importer also reads
 INT64_MIN = np.iinfo(np.int64).min
 
 
 def onnx_dtype(dtype: str) -> int:
-    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    """The ONNX element type of a Graph dtype; FP8 tensors are exported as their uint8 codes (_codes)."""
+    return onnx.TensorProto.UINT8 if is_fp8(dtype) else helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 class _Emitter:
@@ -357,15 +359,16 @@ def _fp8_quantize(c: _Ctx) -> None:
 
 @_conv("LinearFp8")
 def _linear_fp8(c: _Ctx) -> None:
-    # Decode both code tensors by table lookup and apply the scales; ONNX's float32 MatMul then matches the AMP's
-    # half partials whenever no partial needs rounding (the tests choose such values).
-    from tremula.numerics.fp8 import Fp8Format
+    # Decode both code tensors (uint8 in the export, see _codes) by table lookup and apply the scales; ONNX's float32
+    # MatMul then matches the AMP's half partials whenever no partial needs rounding (the tests choose such values).
+    from tremula.numerics.fp8 import fp8_format
 
     em = c.em
-    x = em.op("Gather", [_fp8_table(em, Fp8Format.parse(c.a["x_fmt"])),
+    x_fmt, w_fmt = (fp8_format(em.graph.types[v].dtype) for v in c.node.inputs[:2])
+    x = em.op("Gather", [_fp8_table(em, x_fmt),
                          em.op("Cast", [c.ins[0]], to=onnx.TensorProto.INT64)])
     x = em.op("Mul", [x, em.const(np.array(2.0 ** int(c.a["x_scale"]), np.float32))])
-    w = em.op("Gather", [_fp8_table(em, Fp8Format.parse(c.a["w_fmt"])),
+    w = em.op("Gather", [_fp8_table(em, w_fmt),
                          em.op("Cast", [c.ins[1]], to=onnx.TensorProto.INT64)])
     ws = em.op("Pow", [em.const(np.array(2.0, np.float32)), em.op("Cast", [c.ins[2]], to=onnx.TensorProto.FLOAT)])
     y = em.op("MatMul", [x, em.op("Mul", [w, ws])])
@@ -402,6 +405,12 @@ def _emit(em: _Emitter, node: Node) -> None:
     conv(_Ctx(em, node, list(node.inputs), list(node.outputs), in_types, out_types))
 
 
+def _codes(data: np.ndarray) -> np.ndarray:
+    """FP8 data as its code bytes: the export keeps FP8 tensors as uint8 codes, which every ONNX runtime reads and
+    the FP8 ops above decode by table (ONNX's FP8 types have no bit cast to their byte)."""
+    return data.view(np.uint8) if is_fp8(data.dtype) else data
+
+
 def _value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, onnx_dtype(t.dtype), list(t.shape))
 
@@ -421,7 +430,7 @@ def export_onnx(graph: Graph, opset: int = 17) -> onnx.ModelProto:
     for name, c in graph.constants.items():
         if name in used and name not in graph.inputs:
             data = c.data if c.data is not None else c.init.make(c.type)  # type: ignore[union-attr]
-            inits.append(numpy_helper.from_array(np.asarray(data), name))
+            inits.append(numpy_helper.from_array(_codes(np.asarray(data)), name))
     onnx_graph = helper.make_graph(
         em.nodes,
         graph.name or "tremula",

@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 
 from tremula.ir.graph import DTYPES
 from tremula.ir.ops import OPS
+from tremula.numerics.fp8 import FP8_DTYPES
 
 if TYPE_CHECKING:
     from tremula.frontends.onnx_import import ImportState
@@ -143,7 +144,7 @@ def np_dtype(onnx_type: int) -> str:
             dt = onnx.TensorProto.DataType.Name(onnx_type).lower()
         except ValueError:  # not even a DataType (a corrupt or hand-edited file): name the number
             raise Unsupported(f"element type {onnx_type} (not an ONNX data type)") from None
-    if dt not in DTYPES:
+    if dt not in DTYPES or dt in FP8_DTYPES:  # FP8 is made by the precision pass (passes/precision.py), not imported
         raise Unsupported(f"element type {dt}")
     return dt
 

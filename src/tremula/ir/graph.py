@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 
 from tremula.errors import TremulaError
+from tremula.numerics.fp8 import FP8_DTYPES  # (importing ml_dtypes lets NumPy read their names)
 
-# Element types the IR knows, by NumPy name. FP8 lives in its own module (codes + format + scale).
-DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+# Element types the IR knows, by NumPy name. An FP8 tensor (QUARTER: one code byte an element) has its format's
+# ml_dtypes name; its power-of-two scale is an attribute or an int8 metadata tensor beside it (numerics/fp8.py).
+DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool", *FP8_DTYPES)
 
 
 @dataclass(frozen=True)

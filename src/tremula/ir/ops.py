@@ -652,26 +652,36 @@ _row(
 # The storage form of an FP8 Linear (passes/precision.fp8_storage): what the planner places and the C600 runs.
 
 
+def _fp8_quantize_type(ins, a):
+    from tremula.numerics.fp8 import Fp8Format
+
+    return [TensorType(ins[0].shape, Fp8Format.parse(a["fmt"]).np_dtype.name)]
+
+
 def _fp8_quantize_ref(xs, a):
     from tremula.numerics.fp8 import Fp8Format, quantize
 
+    fmt = Fp8Format.parse(a["fmt"])
     rng = np.random.default_rng(a.get("seed", 0)) if a.get("rounding") == "stochastic" else None
-    return [quantize(xs[0], Fp8Format.parse(a["fmt"]), int(a["scale"]), a.get("rounding", "nearest"), rng)]
+    return [quantize(xs[0], fmt, int(a["scale"]), a.get("rounding", "nearest"), rng).view(fmt.np_dtype)]
 
 
 def _linear_fp8_type(ins, a):
+    from tremula.numerics.fp8 import is_fp8
+
     x, w, s = ins[0], ins[1], ins[2]
-    if x.dtype != "uint8" or w.dtype != "uint8" or s.dtype != "int8" or s.shape != (1, 1):
-        raise TremulaError(f"LinearFp8 takes uint8 codes, uint8 weight codes and an int8[1,1] scale, got {x}, {w}, {s}")
+    if not is_fp8(x.dtype) or not is_fp8(w.dtype) or s.dtype != "int8" or s.shape != (1, 1):
+        raise TremulaError(f"LinearFp8 takes FP8 activations, FP8 weights and an int8[1,1] weight scale, got {x}, {w}, "
+                           f"{s}")
     (out,) = _linear_type([x, w] + ins[3:], a)
     return [TensorType(out.shape, "float16")]
 
 
 def _linear_fp8_ref(xs, a):
-    from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul
+    from tremula.numerics.fp8 import amp_fp8_matmul, code_bytes, fp8_format
 
     x, w, s = xs[:3]
-    y = amp_fp8_matmul(x, w, Fp8Format.parse(a["x_fmt"]), Fp8Format.parse(a["w_fmt"]), int(a["x_scale"]),
+    y = amp_fp8_matmul(code_bytes(x), code_bytes(w), fp8_format(x.dtype), fp8_format(w.dtype), int(a["x_scale"]),
                        int(s.reshape(-1)[0]), int(a["group"]))
     if len(xs) > 3 and xs[3] is not None:
         y = y + xs[3].astype(np.float32)
@@ -679,15 +689,15 @@ def _linear_fp8_ref(xs, a):
 
 
 _row(
-    "Fp8Quantize",  # float -> FP8 codes (uint8) with format fmt and power-of-two scale; the activation cast vertex
-    lambda ins, a: [TensorType(ins[0].shape, "uint8")],
+    "Fp8Quantize",  # float -> FP8 (the dtype of format fmt) at power-of-two scale; the activation cast vertex
+    _fp8_quantize_type,
     _fp8_quantize_ref,
     _per_output(1),
     (1, 1),
     onnx="pass", widen_f16=True, elementwise=True, lower="elementwise", codelet="fp8_cast",
 )
 _row(
-    "LinearFp8",  # x codes @ w codes (+ b) on the quarter->half AMP; w's scale is an int8[1,1] tensor set at load
+    "LinearFp8",  # FP8 x @ FP8 w (+ b) on the quarter->half AMP; w's scale is an int8[1,1] tensor set at load
     _linear_fp8_type,
     _linear_fp8_ref,
     lambda ins, outs, a: _matmul_flops(ins, outs, a) + (outs[0].size if len(ins) > 3 and ins[3] is not None else 0),

@@ -8,7 +8,6 @@ finite value instead of producing NaN as ml_dtypes does on overflow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 
 import ml_dtypes
@@ -39,18 +38,27 @@ class Fp8Format(Enum):
 
 
 NAN_CODE = 0x80  # the single NaN of both fnuz formats
+# FP8 as a dtype: each format's ml_dtypes name, in the order of the codelets' format ids (codelets/fp8.FORMATS).
+# A Graph's, a plan's and a Program's FP8 tensors have these dtypes; tile memory holds one code byte per element.
+FP8_DTYPES = tuple(f.np_dtype.name for f in Fp8Format)  # ("float8_e4m3fnuz", "float8_e5m2fnuz")
 
 
-@dataclass(frozen=True)
-class Fp8Tensor:
-    """FP8 data as the IPU stores it: one byte per element plus the tensor's format and scale."""
+def is_fp8(dtype) -> bool:
+    """Whether `dtype` (a name or a NumPy dtype) is an FP8 format."""
+    return str(dtype) in FP8_DTYPES
 
-    codes: np.ndarray  # uint8
-    fmt: Fp8Format
-    scale: int
 
-    def decode(self, dtype: str = "float32") -> np.ndarray:
-        return dequantize(self.codes, self.fmt, self.scale, dtype)
+def fp8_format(dtype) -> Fp8Format:
+    """The FP8 format of an FP8 dtype (its name or a NumPy dtype)."""
+    name = str(dtype)
+    if name not in FP8_DTYPES:
+        raise TremulaError(f"{name} is not an FP8 dtype (FP8 dtypes: {', '.join(FP8_DTYPES)})")
+    return list(Fp8Format)[FP8_DTYPES.index(name)]
+
+
+def code_bytes(x: np.ndarray) -> np.ndarray:
+    """An FP8 array's code bytes (uint8, the same memory); uint8 codes pass through."""
+    return x.view(np.uint8) if is_fp8(x.dtype) else np.asarray(x, np.uint8)
 
 
 def _positive_grid(fmt: Fp8Format) -> tuple[np.ndarray, np.ndarray]:

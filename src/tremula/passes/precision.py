@@ -103,7 +103,7 @@ def _weight_scale_of(w: np.ndarray, fmt: Fp8Format) -> int:
 
 
 def _weight_codes(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:
-    return lambda w: quantize(w, fmt, _weight_scale_of(w, fmt))
+    return lambda w: quantize(w, fmt, _weight_scale_of(w, fmt)).view(fmt.np_dtype)
 
 
 def _weight_scale(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:
@@ -113,7 +113,7 @@ def _weight_scale(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:
 def fp8_storage(graph: Graph, group: int) -> Graph:
     """Linear(Fp8Cast(x), Fp8Cast(W)) -> LinearFp8(Fp8Quantize(x), W codes, W scale): the form the C600 runs.
 
-    W's codes (uint8) and its scale (an int8 [1, 1] tensor, the QUARTER metadata) become constants made from W when
+    W in FP8 (its format's dtype) and its scale (an int8 [1, 1] tensor, the QUARTER metadata) become constants made from W when
     first needed, so weights stay lazy through planning. `group` is the AMP's input channels per conv unit: the
     quarter -> half AMP rounds its running sum to half after each group (numerics/fp8.amp_fp8_matmul).
     """
@@ -133,19 +133,20 @@ def fp8_storage(graph: Graph, group: int) -> Graph:
         xq = n.inputs[0]
         if xq not in quantized:
             quantized[xq] = q = g.fresh_name(f"{xc.inputs[0]}.q8")
-            g.types[q] = TensorType(g.types[xc.inputs[0]].shape, "uint8")
+            g.types[q] = TensorType(g.types[xc.inputs[0]].shape, Fp8Format.parse(xc.attrs["fmt"]).np_dtype.name)
             nodes.append(Node("Fp8Quantize", [xc.inputs[0]], [q], dict(xc.attrs), f"{xc.name}.quantize"))
         w = wc.inputs[0]
         wfmt = Fp8Format.parse(wc.attrs["fmt"])
         if w not in stored:
             src = g.constants[w]
             codes, scale = g.fresh_name(f"{w}.codes"), g.fresh_name(f"{w}.scale")
-            for name, ttype, fn, what in ((codes, TensorType(src.type.shape, "uint8"), _weight_codes(wfmt), "codes"),
+            for name, ttype, fn, what in ((codes, TensorType(src.type.shape, wfmt.np_dtype.name), _weight_codes(wfmt),
+                                           "codes"),
                                           (scale, TensorType((1, 1), "int8"), _weight_scale(wfmt), "scale")):
                 g.constants[name] = Constant(name, ttype, init=DerivedInit(src, fn, f"FP8 {wfmt.value} {what}"))
                 g.types[name] = ttype
             stored[w] = (codes, scale)
-        attrs = {"x_fmt": xc.attrs["fmt"], "w_fmt": wfmt.value, "x_scale": int(xc.attrs["scale"]), "group": group}
+        attrs = {"x_scale": int(xc.attrs["scale"]), "group": group}  # the formats are the operands' dtypes
         nodes.append(Node("LinearFp8", [quantized[xq], *stored[w], *n.inputs[2:]], n.outputs, attrs, n.name))
     g.nodes = nodes
     from tremula.passes.dce import eliminate_dead_code

@@ -15,6 +15,7 @@ from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
 from tremula.ir.layers import LayerKey, find_layers
 from tremula.ir.ops import OPS, _norm_axis, rule
+from tremula.numerics.fp8 import fp8_format
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
 from tremula.plan.layers import SharedLayers
 from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, reshape_free, view2d
@@ -630,15 +631,15 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 return None
             value = c.outputs[0]
 
-    @staticmethod
-    def _matmul_codelet(node, meta, live, has_bias: int) -> tuple[str, list, list]:
+    def _matmul_codelet(self, node, meta, live, has_bias: int) -> tuple[str, list, list]:
         """(codelet, params, extra operands after x and w): the FP8 path adds the weight-scale operand; half partials
         add the AMP's group (codelets/matmul.py)."""
         if meta is None:
             group = int(node.attrs.get("group", 0)) if _partials(node) == "half" else 0
             return "matmul", [has_bias] + ([group] if group else []), []
-        a = node.attrs
-        params = [has_bias, format_id(a["x_fmt"]), format_id(a["w_fmt"]), int(a["x_scale"]), int(a["group"])]
+        a, (x, w) = node.attrs, node.inputs[:2]
+        params = [has_bias, format_id(fp8_format(self.types[x].dtype)), format_id(fp8_format(self.types[w].dtype)),
+                  int(a["x_scale"]), int(a["group"])]
         return "matmul_fp8", params, [(meta[0][live], meta[1][live], 1, 1)]
 
     def _linear_direct(self, node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias,

@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from tremula.numerics.fp8 import is_fp8
 from tremula.target import cost_terms
 
 WEIGHT_FRACTION = 0.5  # of a tile's SRAM that all resident matmul weights together may take
@@ -127,9 +128,10 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     if pn_fix * pk_fix > tiles:  # both fixed but not on one chip: keep the K cut (it decides the gathers' shape)
         pn_fix = 0
     isz = np.dtype(dtype).itemsize
-    osz = 2 if dtype == "uint8" else isz  # FP8 codes in, half out
-    half = partials == "half" and dtype in ("float16", "uint8")
-    psz = 2 if dtype == "uint8" or half else 4  # split-K partials: the FP8 AMP's are half, and half partials
+    fp8 = is_fp8(dtype)
+    osz = 2 if fp8 else isz  # FP8 in, half out
+    half = partials == "half" and (dtype == "float16" or fp8)
+    psz = 2 if fp8 or half else 4  # split-K partials: the FP8 AMP's are half, and half partials
     temp_budget = max(temp_fraction * sram, 1)
     sync = cost_terms.sync_cycles(chip)
     best: tuple | None = None

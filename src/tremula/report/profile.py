@@ -20,6 +20,7 @@ import tremula.codelets  # noqa: F401  (registers each codelet's cycle estimate,
 from tremula.codelets.matmul import partials_of
 from tremula.ir.graph import Graph, Node
 from tremula.ir.ops import flops as op_flops
+from tremula.numerics.fp8 import is_fp8
 from tremula.program import Program, Step
 from tremula.report.exchange_code import ExchangeCode, exchange_code
 from tremula.target import cost, cost_terms
@@ -176,7 +177,7 @@ def _amp_parts(chip, codelet_name: str, shapes, dtype: str, partials: str = "flo
     amp = sum(cost_terms.matmul_cycles(chip, m, k, n, dtype, partials) for m, k, n in prods)
     # The ideal is at the rate of the AMP path the vertex runs on (FP8 codes: quarter->half; half inputs: half->half
     # with half partials, else half->float).
-    acc = "fp16" if dtype == "uint8" or (partials == "half" and dtype == "float16") else "fp32"
+    acc = "fp16" if is_fp8(dtype) or (partials == "half" and dtype == "float16") else "fp32"
     ideal = sum(cost.amp_peak_cycles(chip, m, k, n, _amp_in(dtype), acc) for m, k, n in prods)
     return int(amp), float(ideal)
 
@@ -203,7 +204,7 @@ def tile_work(chip, step: Step, tiles: int) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _amp_in(dtype: str) -> str:
-    return "fp8" if dtype == "uint8" else "fp16" if "16" in dtype else "fp32"
+    return "fp8" if is_fp8(dtype) else "fp16" if "16" in dtype else "fp32"
 
 
 # ------------------------------------------------------------------------------------------------ liveness

@@ -29,7 +29,7 @@ from tremula.codelets import Codelet, codelet
 from tremula.codelets.embed import IndexOutOfRange
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
-from tremula.program import Program, VertexGroup
+from tremula.program import Program, VertexGroup, storage_dtype
 
 # As float32 0xA5A5A5A5 is -2.9e-16, as float16 0xA5A5 is -0.022: wrong but finite, so reads must be caught.
 POISON = 0xA5
@@ -287,7 +287,9 @@ class Machine:
                 raise TremulaError(f"the program needs constant {name!r}, which the model does not have")
             v = graph.constants[name].value()
             width = v.shape[-1] if v.ndim else 1
-            src = np.ascontiguousarray(v.reshape(-1, width)).astype(dtype, copy=False)
+            store = storage_dtype(dtype)  # FP8 weights are written as their code bytes
+            src = np.ascontiguousarray(v.reshape(-1, width)).astype(dtype, copy=False).view(store)
+            dtype = store
             r0, r1, c0, c1, tile, addr = (np.array([getattr(cs[i], f) for i in idx], np.int64)
                                           for f in ("r0", "r1", "c0", "c1", "tile", "addr"))
             isz = src.itemsize
@@ -394,12 +396,13 @@ class Machine:
         n = len(sel)
         base = g.tiles[sel].astype(np.int64) * self.size
         ops, starts = [], []
+        views = [storage_dtype(d) for d in g.dtypes]  # codelets see FP8 operands as their code bytes
         for a in range(len(g.dtypes)):
             st = base + g.addrs[sel, a]
             nb = int(nbytes[sel[0], a])
             shape = (n, int(g.shapes[sel[0], a, 0]), int(g.shapes[sel[0], a, 1]))
             if a in outs:  # written whole by the codelet; poison shows any byte it would leave behind
-                ops.append(np.full((n, nb), POISON, np.uint8).view(g.dtypes[a]).reshape(shape))
+                ops.append(np.full((n, nb), POISON, np.uint8).view(views[a]).reshape(shape))
             else:
                 if self.written is not None:
                     bad = self._unwritten(st, nb)
@@ -407,7 +410,7 @@ class Machine:
                         v, b = sel[bad[0]], bad[1]
                         raise SimCheckError(f"step {k} ({self.p.steps[k].label}) {g.codelet} operand {a}: reads "
                                             f"unwritten byte {int(g.addrs[v, a]) + b} on tile {int(g.tiles[v])}")
-                ops.append(self._gather(st, nb).view(g.dtypes[a]).reshape(shape))
+                ops.append(self._gather(st, nb).view(views[a]).reshape(shape))
             starts.append(st)
         try:
             cl.run(ops, g.params[sel])

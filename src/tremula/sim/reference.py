@@ -62,11 +62,12 @@ def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = 
         x, w = xs[0], xs[1]
         half = a.get("partials") == "half"  # (passes/precision.with_partials)
         if op == "LinearFp8":
-            from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul
+            from tremula.numerics.fp8 import amp_fp8_matmul, code_bytes, fp8_format
 
             ws = int(xs[2].reshape(-1)[0])
-            parts = [amp_fp8_matmul(x[..., a0:a1], w[a0:a1], Fp8Format.parse(a["x_fmt"]), Fp8Format.parse(a["w_fmt"]),
-                                    int(a["x_scale"]), ws, int(a["group"])) for a0, a1 in pairwise(cuts)]
+            xf, wf, x, w = fp8_format(x.dtype), fp8_format(w.dtype), code_bytes(x), code_bytes(w)
+            parts = [amp_fp8_matmul(x[..., a0:a1], w[a0:a1], xf, wf, int(a["x_scale"]), ws, int(a["group"]))
+                     for a0, a1 in pairwise(cuts)]
             bias, out_dt = (xs[3] if len(xs) > 3 else None), np.dtype(np.float16)
         else:
             acc = np.float32 if x.dtype == np.float16 else x.dtype

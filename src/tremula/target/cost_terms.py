@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tremula.numerics.fp8 import is_fp8
 from tremula.target import cost
 
 # Counts reach these functions from layouts, whose sizes are often NumPy integers (a layout's rows, cuts' diffs); the
@@ -22,10 +23,10 @@ def _d(dtype: str) -> str:
 
 def matmul_cycles(chip, m: int, k: int, n: int, dtype: str, partials: str = "float") -> int:
     """One tile's [m,k] x [k,n] on the AMP. fp16 inputs accumulate in float32 (the half->float path, 8 conv units) or,
-    with half partials, on the half->half path (16 conv units: twice the MACs per cycle, numerics/amp.py); uint8
-    operands are FP8 codes on the quarter->half path (codelets/fp8.py), the only FP8 path the C600 has."""
+    with half partials, on the half->half path (16 conv units: twice the MACs per cycle, numerics/amp.py); FP8
+    operands run on the quarter->half path (codelets/fp8.py), the only FP8 path the C600 has."""
     m, k, n = int(m), int(k), int(n)
-    if dtype == "uint8":
+    if is_fp8(dtype):
         return int(cost.amp_matmul_cycles(chip, m, k, n, "fp8", "float16"))
     acc = "float16" if partials == "half" and dtype == "float16" else "float32"
     return int(cost.amp_matmul_cycles(chip, m, k, n, _d(dtype), acc))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tremula.errors import TremulaError
+from tremula.numerics.fp8 import FP8_DTYPES
 from tremula.target.chip import Chip
 from tremula.target.cost import amp_matmul_cycles
 
@@ -99,7 +100,7 @@ def matmul_point(chip: Chip, rows: int, k: int, cols: int, dtype: str, partials:
         cycles = amp_matmul_cycles(chip, rows, k, cols, dtype, _ACC[partials])
         path = f"cost.amp_matmul_cycles {dtype}->{_ACC[partials]} (not a path the planner uses)"
     elif dtype == "fp8":  # no bias; formats and scale do not change the cycles
-        cycles = codelet("matmul_fp8").cycles(chip, (0, 0, 0, 0, 0), shapes, ["uint8", "uint8", "float16"])
+        cycles = codelet("matmul_fp8").cycles(chip, (0, 0, 0, 0, 0), shapes, [FP8_DTYPES[0], FP8_DTYPES[0], "float16"])
         path = "matmul_fp8 codelet (planner)"
     else:
         cycles = codelet("matmul").cycles(chip, (0,), shapes, ["float16", "float16", "float16"])

@@ -1,15 +1,16 @@
 """The attention codelets: one (batch*head, query block) on one tile, with K and V for that head delivered to it.
 
-softmax(q @ k^T * scale + mask) @ v with max-subtraction and float32 accumulation; causal keeps key j for global query
-row i iff j <= i + Sk - Sq (the reference's tril offset).
+softmax(q @ k^T * scale + mask) @ v with max-subtraction, in float32 or, with half partials, in half with float32 row
+sums (numerics/attention.py, the arithmetic the reference rules share); causal keeps key j for global query row i iff
+j <= i + Sk - Sq (the reference's tril offset).
 
 When a head's K and V are too big for one tile, the keys are split over tiles: `attention_partial` computes, for its
 block of keys, the unnormalised p @ v (kept in the attention's dtype) with its own row max and row sum (float32), and
 `attention_combine` rescales the blocks' results to their common max and divides by the total sum (the same algebra as
 a one-pass softmax, exact up to rounding).
 
-Operands are stacks of vertices ([n, rows, cols]); has_mask, causal and the scale are uniform params, the query and
-key block starts vary per vertex.
+Operands are stacks of vertices ([n, rows, cols]); has_mask, causal, the scale and the half-partials group (0: float
+partials) are uniform params, the query and key block starts vary per vertex.
 """
 
 from __future__ import annotations
@@ -17,57 +18,60 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import column, first, i2f, register
-from tremula.codelets.norm import softmax_rows
+from tremula.numerics.attention import exp_shifted, probabilities, scores, weighted_values
 from tremula.target import cost_terms
 
+GROUP = {"attention": 6, "attention_partial": 7}  # the params column of each codelet's half-partials group
 
-def _scores(q, k, mask, params, k_start):
-    """q @ k^T * scale (+ mask), causal keys masked to -inf; float32 for half inputs. Keys are k_start.. of sk.
+
+def _scores(q, k, mask, params, k_start, group: int):
+    """q @ k^T * scale (+ mask), causal keys masked to -inf (numerics/attention.scores). Keys are k_start.. of sk.
 
     params: (has_mask, causal, q_start, sq, sk, scale bits, ...) of each vertex; k_start: each vertex's first key."""
-    acc = np.float32 if q.dtype == np.float16 else q.dtype.type
-    s = np.matmul(q.astype(acc, copy=False), np.swapaxes(k.astype(acc, copy=False), -1, -2)) * acc(i2f(first(params, 5)))
-    if mask is not None:
-        s = s + mask.astype(acc, copy=False)
+    allowed = None
     if first(params, 1):
         q_start, sq, sk_total = column(params, 2), column(params, 3), column(params, 4)
         rows = q_start + np.arange(q.shape[-2])[:, None]
         keys = k_start + np.arange(k.shape[-2])[None, :]
-        s = np.where(keys <= rows + (sk_total - sq), s, -np.inf)
-    return s, acc
+        allowed = keys <= rows + (sk_total - sq)
+    return scores(q, k, i2f(first(params, 5)), mask, allowed, group)
 
 
 def _attention(ops, params) -> None:
-    # params: (has_mask, causal, q_start, sq, sk, scale bits). operands: q [r,d], k [sk,d], v [sk,dv], (mask [1|r, sk]),
-    # out [r, dv]
+    # params: (has_mask, causal, q_start, sq, sk, scale bits, group). operands: q [r,d], k [sk,d], v [sk,dv],
+    # (mask [1|r, sk]), out [r, dv]
     q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
-    s, acc = _scores(q, k, ops[3] if first(params, 0) else None, params, 0)
-    p = softmax_rows(s)
-    out[...] = np.matmul(p, v.astype(acc, copy=False)).astype(out.dtype, copy=False)
+    group = first(params, GROUP["attention"])
+    s = _scores(q, k, ops[3] if first(params, 0) else None, params, 0, group)
+    out[...] = weighted_values(probabilities(s, bool(group)), v, group).astype(out.dtype, copy=False)
 
 
-def _attention_cycles(chip, params, shapes, dtypes) -> int:
-    # q [r,d], k [sk,d], v [sk,dv]: a whole head's keys, or one key block of them (attention_partial)
+def _attention_cycles(chip, params, shapes, dtypes, group_col: int = GROUP["attention"]) -> int:
+    # q [r,d], k [sk,d], v [sk,dv]: a whole head's keys, or one key block of them (attention_partial). Half partials:
+    # both products on the half -> half AMP, the scale and the softmax in half (its row sum in float32, as
+    # cost.softmax_cycles prices every softmax).
     (r, d), (sk, _), (_, dv) = shapes[0], shapes[1], shapes[2]
-    return (cost_terms.matmul_cycles(chip, r, d, sk, dtypes[0]) + cost_terms.matmul_cycles(chip, r, sk, dv, dtypes[0])
-            + cost_terms.softmax_cycles(chip, r, sk, "float32") + cost_terms.vector_cycles(chip, "mul", r * sk, "float32"))
+    half = bool(params[group_col])
+    partials, vec = ("half", "float16") if half else ("float", "float32")
+    return (cost_terms.matmul_cycles(chip, r, d, sk, dtypes[0], partials)
+            + cost_terms.matmul_cycles(chip, r, sk, dv, dtypes[0], partials)
+            + cost_terms.softmax_cycles(chip, r, sk, vec) + cost_terms.vector_cycles(chip, "mul", r * sk, vec))
 
 
-register("attention", _attention, (-1,), _attention_cycles, uniform=(0, 1, 5))
+register("attention", _attention, (-1,), _attention_cycles, uniform=(0, 1, 5, 6))
 
 
 def _attention_partial(ops, params) -> None:
-    # params: (has_mask, causal, q_start, sq, sk, scale bits, k_start). operands: q [r,d], k [kb,d], v [kb,dv],
+    # params: (has_mask, causal, q_start, sq, sk, scale bits, k_start, group). operands: q [r,d], k [kb,d], v [kb,dv],
     # (mask [1|r, kb]), pv [r, dv] (the attention's dtype): p @ v unnormalised, stats [r, 2] float32: the row max and
     # the row sum of p. p <= 1, so p @ v is bounded by kb x max |v| and stores in the values' own precision.
     q, k, v, pv, stats = ops[0], ops[1], ops[2], ops[-2], ops[-1]
-    s, acc = _scores(q, k, ops[3] if first(params, 0) else None, params, column(params, 6))
-    top = np.max(s, axis=-1, keepdims=True)
-    finite = np.isfinite(top)
-    p = np.exp(s - np.where(finite, top, acc(0)))  # a block with every key masked contributes p = 0
-    pv[...] = np.matmul(p, v.astype(acc, copy=False)).astype(pv.dtype, copy=False)
-    stats[..., 0:1] = np.where(finite, top, -np.inf)
-    stats[..., 1:2] = np.sum(p, axis=-1, keepdims=True)
+    group = first(params, GROUP["attention_partial"])
+    s = _scores(q, k, ops[3] if first(params, 0) else None, params, column(params, 6), group)
+    p, top, total = exp_shifted(s, bool(group))  # a block with every key masked contributes p = 0
+    pv[...] = weighted_values(p, v, group).astype(pv.dtype, copy=False)
+    stats[..., 0:1] = top
+    stats[..., 1:2] = total
 
 
 def _attention_combine(ops, params) -> None:
@@ -98,5 +102,7 @@ def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
     return nb * per_block + cost_terms.vector_cycles(chip, "divide", r * dv, "float32")
 
 
-register("attention_partial", _attention_partial, (-2, -1), _attention_cycles, uniform=(0, 1, 5))
+register("attention_partial", _attention_partial, (-2, -1),
+         lambda chip, params, shapes, dtypes: _attention_cycles(chip, params, shapes, dtypes, GROUP["attention_partial"]),
+         uniform=(0, 1, 5, 7))
 register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles, uniform=(0,))

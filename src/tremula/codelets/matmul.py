@@ -23,8 +23,11 @@ def _param(params, j: int) -> int:
 
 
 def partials_of(codelet_name: str, params) -> str:
-    """"half" or "float": the partials a matmul vertex accumulates in (its `group` param; reports price by it)."""
-    j = {"matmul": 1, "matmul_partial": 0}.get(codelet_name)
+    """"half" or "float": the partials a matmul or attention vertex accumulates in (its `group` param; reports price
+    by it)."""
+    from tremula.codelets.attention import GROUP
+
+    j = {"matmul": 1, "matmul_partial": 0, **GROUP}.get(codelet_name)
     return "half" if j is not None and _param(params, j) else "float"
 
 

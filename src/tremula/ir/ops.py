@@ -357,19 +357,13 @@ def _attention_type(ins, a):
     return [TensorType(q[:-1] + (v[-1],), ins[0].dtype)]
 
 
-def _attention_ref(xs, a):
+def _attention_ref(xs, a, mm=np.matmul):
+    from tremula.numerics.attention import attention, causal_allowed, group_of
+
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) > 3 else None
-    acc = np.dtype(np.float32) if q.dtype == np.float16 else q.dtype
-    s = np.matmul(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * np.asarray(a["scale"], acc)
-    if mask is not None:
-        s = s + mask.astype(acc)
-    if a.get("causal", 0):
-        sq, sk = s.shape[-2], s.shape[-1]
-        allowed = np.tril(np.ones((sq, sk), bool), k=sk - sq)
-        s = np.where(allowed, s, -np.inf)
-    p = _softmax(s, -1)
-    return [np.matmul(p, v.astype(acc)).astype(q.dtype)]
+    allowed = causal_allowed(q.shape[-2], k.shape[-2]) if a.get("causal", 0) else None
+    return [attention(q, k, v, a["scale"], mask, allowed, group_of(a), mm)]
 
 
 def _attention_flops(ins, outs, a) -> int:

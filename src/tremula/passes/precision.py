@@ -190,10 +190,11 @@ PARTIALS = ("half", "float")  # what fp16 and fp8 matmuls accumulate in (compile
 
 
 def with_partials(graph: Graph, partials: str, group: int) -> Graph:
-    """The graph with every matmul by a 2-D constant weight marked to accumulate in `partials`: "half" sets
-    partials="half" on them (a half Linear/MatMul then rounds its running sum to half after every `group` input
-    channels, the AMP's weights per conv unit, numerics/amp.py; an FP8 LinearFp8, whose AMP writes half partials
-    anyway, sums its split-K parts in half); "float" leaves the graph as it is (float32 partials and sums). The
+    """The graph with every matmul by a 2-D constant weight, and every half attention, marked to accumulate in
+    `partials`: "half" sets partials="half" on them (a half Linear/MatMul then rounds its running sum to half after
+    every `group` input channels, the AMP's weights per conv unit, numerics/amp.py; an FP8 LinearFp8, whose AMP writes
+    half partials anyway, sums its split-K parts in half; an Attention runs QK and PV so and its softmax in half,
+    numerics/attention.py); "float" leaves the graph as it is (float32 partials and sums). The
     reference rules (ir/ops.py), the planner and the codelets read the mark, so the matched reference computes what
     the Program computes. PopRT runs fp16 and fp8 matmuls with half partials (../shared/reference/ipu-stack-facts.md
     section 4.3)."""
@@ -209,4 +210,6 @@ def with_partials(graph: Graph, partials: str, group: int) -> Graph:
             n.attrs = {**n.attrs, "partials": "half", "group": int(group)}
         elif n.op == "LinearFp8":
             n.attrs = {**n.attrs, "partials": "half"}
+        elif n.op == "Attention" and g.types[n.inputs[0]].dtype == "float16":
+            n.attrs = {**n.attrs, "partials": "half", "group": int(group)}  # QK and PV, softmax in half
     return g

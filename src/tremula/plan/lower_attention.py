@@ -10,6 +10,7 @@ import numpy as np
 
 from tremula.codelets import f2i
 from tremula.ir.graph import Graph
+from tremula.numerics.attention import group_of
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
 from tremula.plan.layout import Layout, even_cuts, view2d
 from tremula.plan.strategies import ATTENTION_KV_FRACTION, BUFFER_FRACTION, TEMP_FRACTION, cdiv
@@ -150,6 +151,7 @@ class AttentionLowering:
                                    (1 if mrows_same else maxq) * sk * self.types[mask].itemsize)
         scale = f2i(node.attrs["scale"])
         causal = int(node.attrs.get("causal", 0))
+        group = group_of(node.attrs)  # half partials (passes/precision.with_partials), 0: float
         for rnd in range(cdiv(nu, self.T)):
             us = np.arange(rnd * self.T, min(nu, (rnd + 1) * self.T))
             tl = u_tile[us]
@@ -169,7 +171,8 @@ class AttentionLowering:
             ops.append((lay.buf, orel[us], nrows, dv))
             dtypes.append(ot.dtype)
             params = np.stack([np.full(len(us), int(mask is not None)), np.full(len(us), causal), u_q0[us],
-                               np.full(len(us), sq), np.full(len(us), sk), np.full(len(us), scale)], axis=1)
+                               np.full(len(us), sq), np.full(len(us), sk), np.full(len(us), scale),
+                               np.full(len(us), group)], axis=1)
             self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], out)
         self.set_output(value, lay)
         self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
@@ -238,6 +241,7 @@ class AttentionLowering:
                                    (1 if same else maxq) * maxk * self.types[mask].itemsize)
         nrows, nkeys = q1 - q0, k1 - k0
         causal, scale = int(node.attrs.get("causal", 0)), f2i(node.attrs["scale"])
+        group = group_of(node.attrs)
         rounds = cdiv(nu, per_round)
         for r in range(rounds):
             us = np.arange(r * per_round, min(nu, (r + 1) * per_round))
@@ -255,7 +259,7 @@ class AttentionLowering:
             dtypes += [ot.dtype, "float32"]
             n = len(us)
             params = np.stack([np.full(n, int(mask is not None)), np.full(n, causal), q_0, np.full(n, sq),
-                               np.full(n, sk), np.full(n, scale), k_0], axis=1)
+                               np.full(n, sk), np.full(n, scale), k_0, np.full(n, group)], axis=1)
             tag = f" ({r + 1}/{rounds})" if rounds > 1 else ""
             self.compute([self.group("attention_partial", tuple(dtypes), t_, params, ops)], out, "partials", tag)
             # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.

@@ -10,7 +10,8 @@ changes the arithmetic (the compile's `split_sums`: each split sum and its cuts,
 - a LayerNorm kept in place on nc column blocks combines per-block (mean, M2) moments (`layernorm_moments`,
   `layernorm_apply`);
 - an attention with keys split in nk blocks stores each block's unnormalised p @ v in the attention's dtype and
-  combines the blocks in float32 (`attention_partial`, `attention_combine`).
+  combines the blocks in float32 (`attention_partial`, `attention_combine`); each block's scores, exponentials and
+  p @ v are numerics/attention.py's, in half with half partials as the whole-head rule's.
 Each override repeats its codelets' formulas on the whole tensor (the codelets work on one tile's block of rows, and
 every formula here is per row, so the blocking of rows does not change a value).
 """
@@ -124,47 +125,31 @@ def _ln_blocks_ref(cuts: tuple[int, ...]) -> RefRule:
 
 def _attention_ref(mm: MatMulFn) -> RefRule:
     """The interpreter's Attention (ir/ops.py) with the matmuls' sums in mm's order."""
-    from tremula.ir.ops import _softmax
+    from tremula.ir.ops import _attention_ref as rule
 
-    def ref(xs, a):
-        q, k, v = xs[:3]
-        mask = xs[3] if len(xs) > 3 else None
-        acc = np.dtype(np.float32) if q.dtype == np.float16 else q.dtype
-        s = mm(q.astype(acc), np.swapaxes(k.astype(acc), -1, -2)) * np.asarray(a["scale"], acc)
-        if mask is not None:
-            s = s + mask.astype(acc)
-        if a.get("causal", 0):
-            sq, sk = s.shape[-2], s.shape[-1]
-            s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq), s, -np.inf)
-        return [mm(_softmax(s, -1), v.astype(acc)).astype(q.dtype)]
-
-    return ref
+    return lambda xs, a: rule(xs, a, mm)
 
 
 def _key_split_ref(cuts: tuple[int, ...], mm: MatMulFn = _mm32) -> RefRule:
     """Attention over the key blocks between `cuts`: per block p @ v (stored in the attention's dtype), row max and row sum; combined
     in float32 (codelets/attention.py _attention_partial, _attention_combine)."""
 
+    from tremula.numerics.attention import causal_allowed, exp_shifted, group_of, scores, weighted_values
+
     def ref(xs, a):
         q, k, v = xs[:3]
         mask = xs[3] if len(xs) > 3 else None
-        acc = np.dtype(np.float32) if q.dtype == np.float16 else q.dtype
         sq, sk = q.shape[-2], k.shape[-2]
+        group = group_of(a)
         pvs, tops, sums = [], [], []
         for k0, k1 in pairwise(cuts):
-            s = mm(q.astype(acc), np.swapaxes(k[..., k0:k1, :].astype(acc), -1, -2)) * acc.type(a["scale"])
-            if mask is not None:
-                s = s + (mask[..., k0:k1] if mask.shape[-1] == sk else mask).astype(acc)
-            if a.get("causal", 0):
-                rows = np.arange(sq)[:, None]
-                keys = np.arange(k0, k1)[None, :]
-                s = np.where(keys <= rows + (sk - sq), s, -np.inf)
-            top = np.max(s, axis=-1, keepdims=True)
-            finite = np.isfinite(top)
-            p = np.exp(s - np.where(finite, top, acc.type(0)))
-            pvs.append(mm(p, v[..., k0:k1, :].astype(acc)).astype(q.dtype).astype(np.float32))
-            tops.append(np.where(finite, top, -np.inf).astype(np.float32))
-            sums.append(np.sum(p, axis=-1, keepdims=True).astype(np.float32))
+            allowed = causal_allowed(sq, sk)[:, k0:k1] if a.get("causal", 0) else None
+            m = None if mask is None else mask[..., k0:k1] if mask.shape[-1] == sk else mask
+            s = scores(q, k[..., k0:k1, :], a["scale"], m, allowed, group, mm)
+            p, top, total = exp_shifted(s, bool(group))
+            pvs.append(weighted_values(p, v[..., k0:k1, :], group, mm).astype(q.dtype).astype(np.float32))
+            tops.append(top.astype(np.float32))
+            sums.append(total.astype(np.float32))
         m = np.stack(tops)
         top = np.max(m, axis=0)
         w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)

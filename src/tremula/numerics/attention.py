@@ -1,0 +1,94 @@
+"""Attention's arithmetic, one definition for the Attention rule (ir/ops.py), the precision-matched reference
+(sim/reference.py) and the attention codelets (codelets/attention.py), on arrays [..., rows, features].
+
+Two paths, by what the products accumulate in (`group`, from the node's partials mark, passes/precision.with_partials):
+
+- float (group 0): q @ kᵀ and p @ v in float32 (half inputs widened), softmax in float32, the output rounded once.
+- half (group > 0, fp16 inputs; PopRT's path, whose SigLIP profile runs QK and PV as fp16 AMP convolutions with half
+  partials, ../shared/reference/ipu-stack-facts.md section 4.3): both products on the AMP's half -> half path, the
+  running sum rounded to half after every `group` input channels (numerics/amp.half_partial_sums); the scale and the
+  mask applied on the vector unit in half; the softmax in half with its row sum and reciprocal in float32 (the row max
+  of half values is exact either way): e = half(exp(s - max)), p = half(e x (1 / sum e)). The custom stack measured
+  this softmax ("F16, FP32 state") on the C600.
+
+Every value is computed in float32 and rounded where the chip rounds, so the numbers are those of half arrays in a
+fraction of NumPy's float16 time. A row whose keys are all masked gives p = 0 (and so a zero output).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tremula.numerics.amp import half_partial_sums, saturate_round_half
+
+MatMul = np.matmul
+
+
+def _acc(x: np.ndarray) -> np.dtype:
+    return np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+
+
+def scores(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None = None,
+           allowed: np.ndarray | None = None, group: int = 0, mm=MatMul) -> np.ndarray:
+    """q @ kᵀ x scale (+ mask), keys not `allowed` (a boolean mask broadcasting to the scores) at -inf: float32 for
+    half inputs (float64 stays float64); with `group`, the values are half values."""
+    acc = _acc(q)
+    qa, ka = q.astype(acc, copy=False), np.swapaxes(k.astype(acc, copy=False), -1, -2)
+    if group:
+        s = half_partial_sums(qa, ka, group, matmul=mm)
+        s *= acc.type(scale)
+        saturate_round_half(s)
+        if mask is not None:
+            s += mask.astype(acc, copy=False)
+            saturate_round_half(s)
+    else:
+        s = mm(qa, ka) * acc.type(scale)
+        if mask is not None:
+            s = s + mask.astype(acc, copy=False)
+    if allowed is not None:
+        s = np.where(allowed, s, -np.inf).astype(acc, copy=False)
+    return s
+
+
+def exp_shifted(s: np.ndarray, half: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(e = exp(s - row max), the row max (-inf for a row with every key masked), the row sum of e in float32 or
+    s's type): a row with every key masked has e = 0. With `half`, e is rounded to half."""
+    top = np.max(s, axis=-1, keepdims=True)
+    finite = np.isfinite(top)
+    e = np.exp(s - np.where(finite, top, s.dtype.type(0)))
+    if half:
+        saturate_round_half(e)
+    return e, np.where(finite, top, -np.inf).astype(s.dtype, copy=False), np.sum(e, axis=-1, keepdims=True)
+
+
+def probabilities(s: np.ndarray, half: bool = False) -> np.ndarray:
+    """softmax over the last axis of the scores s; with `half`, e and p rounded to half (sum and reciprocal in
+    float32)."""
+    e, _, total = exp_shifted(s, half)
+    if not half:
+        return e / np.where(total == 0, 1, total)
+    p = e * (s.dtype.type(1) / np.where(total == 0, 1, total))
+    return saturate_round_half(p)
+
+
+def weighted_values(p: np.ndarray, v: np.ndarray, group: int = 0, mm=MatMul) -> np.ndarray:
+    """p @ v: float32 sums (half inputs widened), or half partials over keys in groups of `group`."""
+    va = v.astype(_acc(v), copy=False)
+    return half_partial_sums(p, va, group, matmul=mm) if group else mm(p, va)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask: np.ndarray | None = None,
+              allowed: np.ndarray | None = None, group: int = 0, mm=MatMul) -> np.ndarray:
+    """softmax(q @ kᵀ x scale + mask) @ v in q's dtype, on the path `group` names (module docstring)."""
+    s = scores(q, k, scale, mask, allowed, group, mm)
+    return weighted_values(probabilities(s, bool(group)), v, group, mm).astype(q.dtype)
+
+
+def causal_allowed(sq: int, sk: int) -> np.ndarray:
+    """Key j is allowed for query i iff j <= i + sk - sq (the reference's tril offset)."""
+    return np.tril(np.ones((sq, sk), bool), k=sk - sq)
+
+
+def group_of(attrs) -> int:
+    """The half-partials group an Attention node's mark asks for (0: float partials)."""
+    return int(attrs.get("group", 0)) if attrs.get("partials") == "half" else 0

@@ -1,0 +1,80 @@
+"""Attention with half partials (numerics/attention.py): QK and PV rounded to half after every group, the softmax in
+half with a float32 row sum, the same in the reference rule and the codelets; float partials as before."""
+
+import numpy as np
+import pytest
+
+from tremula.codelets import codelet, f2i
+from tremula.ir.ops import _softmax
+from tremula.numerics.amp import half_partials_matmul
+from tremula.numerics.attention import attention, causal_allowed
+
+F16, F32 = np.float16, np.float32
+
+
+def _by_halves(q, k, v, scale, mask, group):
+    """The definition in half arrays, one head: every rounding an astype to float16."""
+    s = half_partials_matmul(q, k.T, group)
+    s = (s.astype(F32) * F32(scale)).astype(F16)
+    if mask is not None:
+        s = (s.astype(F32) + mask.astype(F32)).astype(F16)
+    e = np.exp(s.astype(F32) - s.max(-1, keepdims=True).astype(F32)).astype(F16)
+    total = e.astype(F32).sum(-1, keepdims=True)
+    p = (e.astype(F32) * (F32(1) / total)).astype(F16)
+    return half_partials_matmul(p, v, group)
+
+
+def _head(rng, sq=13, sk=40, d=24, dv=20):
+    q = rng.standard_normal((sq, d)).astype(F16)
+    k = rng.standard_normal((sk, d)).astype(F16)
+    v = rng.standard_normal((sk, dv)).astype(F16)
+    mask = np.where(rng.random((1, sk)) < 0.2, -65504, 0).astype(F16)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_half_attention_is_the_definition_in_half_arrays(masked):
+    q, k, v, mask = _head(np.random.default_rng(3))
+    m = mask if masked else None
+    got = attention(q, k, v, 0.2, m, group=16)
+    assert got.dtype == F16 and got.tobytes() == _by_halves(q, k, v, 0.2, m, 16).tobytes()
+    assert (got != attention(q, k, v, 0.2, m)).any()  # float partials round once: some element differs
+
+
+def test_float_partials_are_the_float32_attention():
+    q, k, v, mask = _head(np.random.default_rng(4))
+    s = q.astype(F32) @ k.astype(F32).T * F32(0.2) + mask.astype(F32)
+    want = (_softmax(s, -1) @ v.astype(F32)).astype(F16)
+    assert attention(q, k, v, 0.2, mask).tobytes() == want.tobytes()
+
+
+def test_a_row_with_every_key_disallowed_gives_zeros_on_both_paths():
+    q, k, v, _ = _head(np.random.default_rng(5), sq=4, sk=6)
+    allowed = causal_allowed(4, 6)
+    allowed[2] = False
+    for group in (0, 16):
+        out = attention(q, k, v, 0.5, None, allowed, group)
+        assert np.isfinite(out).all() and not out[2].any()
+
+
+def test_the_codelet_on_a_stack_is_the_rule_per_vertex():
+    rng = np.random.default_rng(6)
+    heads = [_head(rng) for _ in range(3)]
+    q, k, v, mask = (np.stack(x) for x in zip(*heads))
+    for group in (0, 16):
+        out = np.zeros((3, 13, 20), F16)
+        params = np.array([[1, 0, 0, 13, 40, f2i(0.2), group]] * 3)
+        codelet("attention").run([q, k, v, mask, out], params)
+        for i, (qi, ki, vi, mi) in enumerate(heads):
+            assert out[i].tobytes() == attention(qi, ki, vi, 0.2, mi, group=group).tobytes(), (group, i)
+
+
+def test_half_partials_price_attention_lower_on_the_c600():
+    from tremula.target.chip import load_chip
+
+    c600, cl = load_chip("c600"), codelet("attention")
+    shapes = [(14, 64), (197, 64), (197, 64), (14, 64)]
+    dtypes = ["float16"] * 4
+    half = cl.cycles(c600, (0, 0, 0, 14, 197, 0, 16), shapes, dtypes)
+    full = cl.cycles(c600, (0, 0, 0, 14, 197, 0, 0), shapes, dtypes)
+    assert half < 0.6 * full  # both products at twice the MACs, the softmax's passes on half vectors

@@ -25,8 +25,9 @@ DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16":
 # The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets trade cycles for memory. Sharing streams
 # every layer's weights to all its tiles, which cost SigLIP so400m 0.1 % of its cycles at batch 4, and holds one
 # layer's vertex state and exchange code instead of one per layer (91 KB a tile less there). A graph without
-# repeated layers (ir/layers.py) skips the shared budget; a graph with them stops after it: once layers share, the permanent budgets
-# change nothing, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of host memory to plan.
+# repeated layers (ir/layers.py) skips the shared budget; a graph with them stops after it: once layers share, the
+# permanent budgets change nothing, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of host
+# memory to plan.
 PLAN_BUDGETS = ((0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True), (0.12, 0.3, False), (0.12, 0.2, False),
                 (0.04, 0.2, False))
 

@@ -258,6 +258,11 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
                        "tiles, PopART's default)" if seconds > 0 else "-"),
         ("compile time", f"{res.seconds:.1f} s"),
     ]
+    if res.auto:  # --batch auto: the fastest batch the search planned, beside the largest that fits
+        rates = res.auto["rates"]
+        listed = ", ".join(f"{b}: {r:,.0f}/s" for b, r in rates.items())
+        rows.insert(2, ("batch auto", f"batch {res.batch} is the fastest of those planned that fit ({listed}); the "
+                                      f"largest that fits is {res.auto['largest']}"))
     return rows
 
 
@@ -279,8 +284,9 @@ def _mfu(res, chip, model: str, seq_len) -> float:
 # Parameters that compile and check share (typer reads these default objects; each command gets its own value).
 MODEL_ARG = typer.Argument(..., help="ONNX file, Hugging Face checkpoint folder, or zoo name.")
 CHIP_OPT = typer.Option("c600", "--chip", help="Built-in chip name or a chip TOML file.")
-BATCH_OPT = typer.Option(None, "--batch", help="Batch size, or 'auto' for the largest that fits "
-                                              "(default: the model's own, else 1).")
+BATCH_OPT = typer.Option(None, "--batch", help="Batch size, or 'auto' for the fastest of the batches that fit "
+                                              "(the search plans up to the largest that fits; default: the "
+                                              "model's own, else 1).")
 DTYPE_OPT = typer.Option("fp32", "--dtype", help="fp32, fp16, or fp8 (FP8 matmul operands, FP16 elsewhere).")
 PARTIALS_OPT = typer.Option("half", "--partials",
                             help="fp16/fp8: what matmuls accumulate in: half (PopRT's choice: twice the fp16 AMP "

@@ -20,11 +20,16 @@ from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibrate
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.ir.graph import Graph, model_batch
-from tremula.pipeline import Progress, check_fp8, plan_graph, resolve_dtype
-from tremula.plan.finalize import to_program
-from tremula.program import Program, host_stream_bytes
-from tremula.target.cost import host_transfer_cycles
-from tremula.target.step_cost import step_cycles
+from tremula.pipeline import (
+    Progress,
+    check_fp8,
+    host_cycles,
+    plan_graph,
+    priced_program,
+    resolve_dtype,
+    samples_per_second,
+)
+from tremula.program import Program
 
 ModelSpec = Union[Graph, str, Callable[[int], Graph]]  # noqa: UP007 (a runtime alias)
 
@@ -79,6 +84,9 @@ class CompileResult:
     # node (its first output) -> (what, cuts) of the sums the plan splits (plan/state.py `split_sums`): what the matched reference follows
     split_sums: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     shared_layers: int = 0  # layers that run a template layer's code (plan/share.py)
+    # --batch auto: {"largest": the largest batch that fits, "rates": {batch: modelled samples/s} of every batch the
+    # search planned that fits}; the compiled batch is the fastest of them. None for any other batch.
+    auto: dict | None = None
     partials: str = "float"  # what the fp16 / fp8 matmuls accumulate in ("half" or "float"; fp32: float)
     # Host link: the Program's input streams before the forward and its output streams after it
     # (cost.host_transfer_cycles of the bytes they carry); not part of `cycles`, which stays device cycles.
@@ -124,7 +132,9 @@ class CompileResult:
                 "host_in_bytes": self.host_in_bytes, "host_out_bytes": self.host_out_bytes,
                 "host_in_cycles": self.host_in_cycles, "host_out_cycles": self.host_out_cycles,
                 "host_cycles": self.host_cycles, "latency_cycles": self.latency_cycles,
-                "host_overlaps_device": False, "throughput_cycles": self.throughput_cycles}
+                "host_overlaps_device": False, "throughput_cycles": self.throughput_cycles,
+                **({"auto": {"largest": self.auto["largest"],
+                             "rates": {str(b): r for b, r in self.auto["rates"].items()}}} if self.auto else {})}
 
 
 # ------------------------------------------------------------------------------------------------ graph preparation
@@ -191,8 +201,10 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     """Compile a model (a Graph, a model spec for load_model, or a batch -> Graph builder) for `chip`.
 
     batch=None is the model's own batch (an ONNX file's fixed one, else 1; a Graph's own); the result's `batch` is
-    always the batch of the graph actually planned. batch="auto" picks the largest batch that fits (needs a spec or
-    a builder; an ONNX file with a fixed batch answers for that batch, with a notice). A batch over the lower bound
+    always the batch of the graph actually planned. batch="auto" searches up to the largest batch that fits and
+    compiles the fastest of the batches it planned that fit (modelled samples/s, host I/O included; `auto` on the
+    result holds both and the rates; needs a spec or a builder; an ONNX file with a fixed batch answers for that
+    batch, with a notice). A batch over the lower bound
     of limits.py is refused before planning (limits.TooBig). With require_fit, a plan that does not fit raises
     DoesNotFit (with the largest batch that fits when the model can be rebuilt at other batches). dtype="fp8"
     calibrates activation scales on `calibration` (input name -> array) or on CALIBRATION_SAMPLES seeded samples.
@@ -220,6 +232,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         if batch < 1:
             raise TremulaError(f"batch must be >= 1 (got {batch})")
     graph: Graph | None = None
+    auto: dict | None = None
     if batch != "auto":
         graph = model if isinstance(model, Graph) else _exact(build, batch)  # type: ignore[arg-type]
         real = model_batch(graph)
@@ -238,14 +251,22 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # Batch 1 first: when it does not fit, its plan is what the error reports.
         one = build(1)
         refuse_oversize(build, one, chip, dt)
-        _, state, mp, live, _ = plan_graph(one, chip, dt, scales=scales, partials=partials)
+        g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=scales, partials=partials)
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
-        state = live = one = None
-        found: dict = {}
-        batch = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found,
-                               partials=partials)
-        shared_only = "shared_from" in found
+        found: dict = {"rates": {1: samples_per_second(g1, state, mp, live, reserved, chip, dt, 1)}}
+        g1 = state = live = reserved = one = None
+        largest = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found,
+                                 partials=partials)
+        # The fastest of the batches planned (a larger batch can be slower: more rounds, tighter budgets); on a tie
+        # the larger.
+        rates = found["rates"]
+        batch = max(rates, key=lambda b: (rates[b], b))
+        auto = {"largest": largest, "rates": dict(sorted(rates.items()))}
+        if batch != largest:
+            notice(f"--batch auto: batch {largest} is the largest that fits, but batch {batch} is faster "
+                   f"({rates[batch]:,.1f} against {rates[largest]:,.1f} samples/s modelled): compiling batch {batch}")
+        shared_only = found.get("shared_from", largest + 1) <= batch
         graph = _exact(build, batch)
     assert graph is not None
     real = model_batch(graph)
@@ -260,22 +281,14 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             except FixedBatch:  # fixed at this batch and not rebatchable: no other batch to offer
                 max_b = None
         raise _does_not_fit(state, mp, live, chip, batch, max_b)
-    io = {n: (g.types[n].shape, g.types[n].dtype) for n in list(g.inputs) + list(g.outputs)}
-    program = to_program(state, chip, mp, live, reserved, dt, batch, io)
-    comp = exch = sync = 0
-    for i, s in enumerate(program.steps):
-        if progress:
-            progress("estimate", i, len(program.steps))
-        c, e, y = step_cycles(chip, s)
-        comp, exch, sync = comp + c, exch + e, sync + y
+    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
     res = CompileResult(program, mp.fits, batch, dt, mp.fullest_tile, mp.peak_bytes, mp.peak_time // 2,
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
                         dict(state.strategies), dict(state.split_sums), graph=g, source=graph)
     res.shared_layers = state.sharing.shared_layers if getattr(state, "sharing", None) is not None else 0
     res.partials = partials if dt in ("float16", "fp8") else "float"
-    res.host_in_bytes, res.host_out_bytes = host_stream_bytes(program.host_in), host_stream_bytes(program.host_out)
-    res.host_in_cycles = host_transfer_cycles(chip, res.host_in_bytes)
-    res.host_out_cycles = host_transfer_cycles(chip, res.host_out_bytes)
+    res.auto = auto
+    res.host_in_bytes, res.host_out_bytes, res.host_in_cycles, res.host_out_cycles = host_cycles(program, chip)
     program.meta = {"summary": res.summary(), "model": graph.name}
     res.seconds = time.perf_counter() - t0
     return res

@@ -14,9 +14,12 @@ from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node
 from tremula.ir.interp import infer_types
 from tremula.ir.layers import find_layers
-from tremula.plan.finalize import memory_plan
+from tremula.plan.finalize import memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
 from tremula.plan.lower_ops import Lowerer
+from tremula.program import host_stream_bytes
+from tremula.target.cost import host_transfer_cycles
+from tremula.target.step_cost import step_cycles
 
 Progress = Callable[[str, int, int], None]
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16", "fp8": "fp8"}
@@ -94,6 +97,35 @@ def lower_precision(graph: Graph, dtype: str, chip=None, scales: dict[str, int] 
     if partials == "half" and dtype in ("float16", "fp8"):
         g = with_partials(g, "half", chip.amp_pair("fp16", "fp16").weights_per_conv_unit)
     return g
+
+
+def priced_program(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int,
+                   progress: Progress | None = None):
+    """(Program, compute, exchange, sync cycles of one forward) of a plan: the Program the plan lowers to, each step
+    priced by target.step_cost (the same price the profile charges)."""
+    io = {n: (g.types[n].shape, g.types[n].dtype) for n in list(g.inputs) + list(g.outputs)}
+    program = to_program(state, chip, mp, live, reserved, dt, batch, io)
+    comp = exch = sync = 0
+    for i, s in enumerate(program.steps):
+        if progress:
+            progress("estimate", i, len(program.steps))
+        c, e, y = step_cycles(chip, s)
+        comp, exch, sync = comp + c, exch + e, sync + y
+    return program, comp, exch, sync
+
+
+def host_cycles(program, chip) -> tuple[int, int, int, int]:
+    """(bytes in, bytes out, cycles in, cycles out) of a Program's host streams over the chip's host link."""
+    b_in, b_out = host_stream_bytes(program.host_in), host_stream_bytes(program.host_out)
+    return b_in, b_out, host_transfer_cycles(chip, b_in), host_transfer_cycles(chip, b_out)
+
+
+def samples_per_second(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int) -> float:
+    """Modelled throughput of a plan: batch / (host in + forward + host out), as CompileResult.throughput_cycles
+    charges it (host transfers in series with the forward)."""
+    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch)
+    _, _, c_in, c_out = host_cycles(program, chip)
+    return batch * chip.clock_hz / (c_in + comp + exch + sync + c_out)
 
 
 def check_fp8(chip, dtype: str) -> None:

@@ -11,11 +11,11 @@ a file stays small; `seal` records what `tremula run` needs to know it is given 
   weights' FP8 codes and scales are made from the weights themselves, so they need nothing else; an FP8 constant's
   format is its dtype).
 
-WEIGHTS_HASH (version 1): sha256 over the constants named by the Program's weight images, each once, in ascending
-order of name (Python string order, i.e. by code point); for each constant, in this order: its name in UTF-8, a NUL
-byte, its dtype name (NumPy's, e.g. "float16", or an FP8 format's ml_dtypes name, "float8_e4m3fnuz"), a NUL byte, its shape as decimal sizes joined by "," (empty
-for a scalar), a NUL byte, then its values in C order as little-endian bytes of that dtype. The values are those of
-the planned graph's constant, before any cast the weight image applies when it is loaded.
+WEIGHTS_HASH (version 1): sha256 over the constants named by the Program's weight images, each once, in ascending order
+of name (Python string order, i.e. by code point); for each constant, in this order: its name in UTF-8, a NUL byte, its
+dtype name (NumPy's, e.g. "float16", or an FP8 format's ml_dtypes name, "float8_e4m3fnuz"), a NUL byte, its shape as
+decimal sizes joined by "," (empty for a scalar), a NUL byte, then its values in C order as little-endian bytes of that
+dtype. The values are those of the planned graph's constant, before any cast the weight image applies when it is loaded.
 """
 
 from __future__ import annotations

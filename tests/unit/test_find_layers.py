@@ -37,8 +37,8 @@ def _anonymous(g: Graph) -> Graph:
     ren = {v: f"val_{i}" for i, v in enumerate(g.types) if v not in g.inputs and v not in g.outputs}
     r = lambda v: ren.get(v, v)
     return Graph(g.name, list(g.inputs), list(g.outputs),
-                 [Node(n.op, [r(v) if v else v for v in n.inputs], [r(v) for v in n.outputs], dict(n.attrs), f"node_{i}")
-                  for i, n in enumerate(g.nodes)],
+                 [Node(n.op, [r(v) if v else v for v in n.inputs], [r(v) for v in n.outputs], dict(n.attrs),
+                       f"node_{i}") for i, n in enumerate(g.nodes)],
                  {r(k): Constant(r(k), c.type, data=c.data) if not c.is_lazy else c for k, c in g.constants.items()},
                  {r(k): t for k, t in g.types.items()})
 
@@ -63,7 +63,8 @@ def test_renamed_nodes_give_the_same_layers(model):
 
 
 def _stack(n: int, with_skip: bool = False) -> Graph:
-    """n blocks of LayerNorm, Linear, Gelu, Linear and a residual Add; with_skip, block 2's Add reads block 0's output."""
+    """n blocks of LayerNorm, Linear, Gelu, Linear and a residual Add; with_skip, block 2's Add reads block 0's
+    output."""
     b = GraphBuilder("stack")
     h = b.input("x", (4, 8), "float32")
     outs = []

@@ -15,6 +15,8 @@ partials) are uniform params, the query and key block starts vary per vertex.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from tremula.codelets import column, first, i2f, register
@@ -46,7 +48,7 @@ def _attention(ops, params) -> None:
     out[...] = weighted_values(probabilities(s, bool(group)), v, group).astype(out.dtype, copy=False)
 
 
-def _attention_cycles(chip, params, shapes, dtypes, group_col: int = GROUP["attention"]) -> int:
+def _attention_cycles(chip, params, shapes, dtypes, group_col: int) -> int:
     # q [r,d], k [sk,d], v [sk,dv]: a whole head's keys, or one key block of them (attention_partial). Half partials:
     # both products on the half -> half AMP, the scale and the softmax in half (its row sum in float32, as
     # cost.softmax_cycles prices every softmax).
@@ -58,7 +60,8 @@ def _attention_cycles(chip, params, shapes, dtypes, group_col: int = GROUP["atte
             + cost_terms.softmax_cycles(chip, r, sk, vec) + cost_terms.vector_cycles(chip, "mul", r * sk, vec))
 
 
-register("attention", _attention, (-1,), _attention_cycles, uniform=(0, 1, 5, 6))
+register("attention", _attention, (-1,), partial(_attention_cycles, group_col=GROUP["attention"]),
+         uniform=(0, 1, 5, 6))
 
 
 def _attention_partial(ops, params) -> None:
@@ -103,6 +106,5 @@ def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
 
 
 register("attention_partial", _attention_partial, (-2, -1),
-         lambda chip, params, shapes, dtypes: _attention_cycles(chip, params, shapes, dtypes, GROUP["attention_partial"]),
-         uniform=(0, 1, 5, 7))
+         partial(_attention_cycles, group_col=GROUP["attention_partial"]), uniform=(0, 1, 5, 7))
 register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles, uniform=(0,))

@@ -1,10 +1,10 @@
 """FP8 codelets (C600): cast half/float to QUARTER codes, and the quarter -> half AMP matmul.
 
-QUARTER tensors are one byte per element plus per-tensor metadata (format, power-of-two scale), as Poplar keeps them:
-an FP8 dtype in the Graph and the Program (numerics/fp8.FP8_DTYPES), whose code bytes the simulator hands these
-codelets as uint8 (program.storage_dtype). An activation's scale is calibrated at compile time and travels as a vertex parameter; a weight's
-scale is found from its max-abs when the weights are loaded and sits on the tile as a one-byte int8 metadata operand.
-Format ids in params: 0 = F143, 1 = F152.
+QUARTER tensors are one byte per element plus per-tensor metadata (format, power-of-two scale), as Poplar keeps them: an
+FP8 dtype in the Graph and the Program (numerics/fp8.FP8_DTYPES), whose code bytes the simulator hands these codelets as
+uint8 (program.storage_dtype). An activation's scale is calibrated at compile time and travels as a vertex parameter; a
+weight's scale is found from its max-abs when the weights are loaded and sits on the tile as a one-byte int8 metadata
+operand. Format ids in params: 0 = F143, 1 = F152.
 
 Operands are stacks of vertices ([n, rows, cols]). The quarter matmul decodes codes through a 256-entry table (the
 decode is exact) and runs each group of K as float32 BLAS matmuls on the whole stack, rounding the running sum to half

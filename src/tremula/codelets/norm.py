@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, i2f, register
+from tremula.numerics.attention import softmax
 from tremula.target import cost_terms
 
 
@@ -68,19 +69,9 @@ def _ln_apply_cycles(chip, params, shapes, dtypes) -> int:
     return cost_terms.layernorm_apply_cycles(chip, r, w, int(params[2]), dtypes[0])
 
 
-def softmax_rows(x: np.ndarray) -> np.ndarray:
-    """Numerically stable softmax over the last axis in float32 (float64 stays float64); all -inf rows give 0."""
-    acc = x.astype(np.float32) if x.dtype == np.float16 else x
-    m = np.max(acc, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    e = np.exp(acc - m)
-    s = np.sum(e, axis=-1, keepdims=True)
-    return e / np.where(s == 0, 1, s)
-
-
 def _softmax(ops, params) -> None:
     x, out = ops
-    out[...] = softmax_rows(x).astype(out.dtype)
+    out[...] = softmax(x).astype(out.dtype)  # over each row, in float32 (numerics/attention.softmax)
 
 
 def _softmax_cycles(chip, params, shapes, dtypes) -> int:

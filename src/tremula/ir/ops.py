@@ -289,12 +289,9 @@ for _name, _fn in {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.m
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    acc = x.astype(np.float32) if x.dtype == np.float16 else x
-    m = np.max(acc, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)  # a row of all -inf gives zeros after exp, not NaN from inf - inf
-    e = np.exp(acc - m)
-    s = np.sum(e, axis=axis, keepdims=True)
-    return (e / np.where(s == 0, 1, s)).astype(x.dtype)
+    from tremula.numerics.attention import softmax
+
+    return softmax(x, axis).astype(x.dtype)
 
 
 _row(

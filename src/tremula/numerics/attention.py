@@ -28,6 +28,17 @@ def _acc(x: np.ndarray) -> np.dtype:
     return np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
 
 
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax over `axis` in float32 for half input (wider types stay); a row of all -inf gives
+    zeros, not NaN from inf - inf. The float path here, the Softmax rule (ir/ops.py) and the softmax codelet
+    (codelets/norm.py) all compute it so."""
+    acc = x.astype(np.float32) if x.dtype == np.float16 else x
+    top = np.max(acc, axis=axis, keepdims=True)
+    e = np.exp(acc - np.where(np.isfinite(top), top, 0))
+    total = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(total == 0, 1, total)
+
+
 def scores(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None = None,
            allowed: np.ndarray | None = None, group: int = 0, mm=MatMul) -> np.ndarray:
     """q @ kᵀ x scale (+ mask), keys not `allowed` (a boolean mask broadcasting to the scores) at -inf: float32 for
@@ -64,9 +75,9 @@ def exp_shifted(s: np.ndarray, half: bool) -> tuple[np.ndarray, np.ndarray, np.n
 def probabilities(s: np.ndarray, half: bool = False) -> np.ndarray:
     """softmax over the last axis of the scores s; with `half`, e and p rounded to half (sum and reciprocal in
     float32)."""
-    e, _, total = exp_shifted(s, half)
     if not half:
-        return e / np.where(total == 0, 1, total)
+        return softmax(s)
+    e, _, total = exp_shifted(s, True)
     p = e * (s.dtype.type(1) / np.where(total == 0, 1, total))
     return saturate_round_half(p)
 

@@ -113,9 +113,9 @@ def _weight_scale(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:
 def fp8_storage(graph: Graph, group: int) -> Graph:
     """Linear(Fp8Cast(x), Fp8Cast(W)) -> LinearFp8(Fp8Quantize(x), W codes, W scale): the form the C600 runs.
 
-    W in FP8 (its format's dtype) and its scale (an int8 [1, 1] tensor, the QUARTER metadata) become constants made from W when
-    first needed, so weights stay lazy through planning. `group` is the AMP's input channels per conv unit: the
-    quarter -> half AMP rounds its running sum to half after each group (numerics/fp8.amp_fp8_matmul).
+    W in FP8 (its format's dtype) and its scale (an int8 [1, 1] tensor, the QUARTER metadata) become constants made
+    from W when first needed, so weights stay lazy through planning. `group` is the AMP's input channels per conv
+    unit: the quarter -> half AMP rounds its running sum to half after each group (numerics/fp8.amp_fp8_matmul).
     """
     g = graph.copy()
     producers = g.producers()

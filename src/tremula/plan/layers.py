@@ -28,13 +28,13 @@ ALIGN_SLACK = 4  # when a layer's storage overflows its cap, the cap grows by th
 
 
 def untie_layer_vectors(graph: Graph, layers: dict[str, LayerKey]) -> Graph:
-    """The graph with every vector constant (rank <= 1) that nodes of several layers read (`layers`: node_key ->
-    layer, ir/layers.find_layers) given one copy per layer (the first keeps the original). Exporters store equal initializers once: torch.onnx's legacy exporter keeps
-    one all-ones and one all-zeros vector for every LayerNorm and bias of a freshly initialised model, and a layer
-    whose LayerNorm reads another layer's scale cannot run the template layer's code (plan/share.py needs each
-    layer's constants where the template has its own). A copy shares the original's values (nothing is made twice);
-    on the chip each layer then holds its vectors, as a model with its own per layer does. Matrices stay tied:
-    copying an ALBERT-style shared layer would multiply its weights."""
+    """The graph with every vector constant (rank <= 1) that nodes of several layers read (`layers`: node_key -> layer,
+    ir/layers.find_layers) given one copy per layer (the first keeps the original). Exporters store equal initializers
+    once: torch.onnx's legacy exporter keeps one all-ones and one all-zeros vector for every LayerNorm and bias of a
+    freshly initialised model, and a layer whose LayerNorm reads another layer's scale cannot run the template layer's
+    code (plan/share.py needs each layer's constants where the template has its own). A copy shares the original's
+    values (nothing is made twice); on the chip each layer then holds its vectors, as a model with its own per layer
+    does. Matrices stay tied: copying an ALBERT-style shared layer would multiply its weights."""
     readers: dict[str, list[LayerKey]] = {}
     for n in graph.nodes:
         key = layers.get(node_key(n))

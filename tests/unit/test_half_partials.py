@@ -61,3 +61,50 @@ def test_reduce_in_half_sums_the_parts_in_part_order():
         out = np.zeros((m, n), np.float16)
         codelet("reduce_partials").run([parts[mine], recv, out], (pk, 0, 1, mine))
         assert np.array_equal(out, want.astype(np.float16)), mine
+
+
+def _round_by_definition(v):
+    """The rounding as first written (abs, clip, binade, add/sub 2**13 x binade, copysign): the bits to match."""
+    v = v.copy()
+    a = np.minimum(np.abs(v), np.float32(65504))
+    m = np.maximum((a.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32), np.float32(2.0**-14))
+    m *= np.float32(2.0**13)
+    return np.copysign((a + m) - m, v)
+
+
+def test_saturate_round_half_is_the_definition_on_random_bits_and_edges():
+    """(A one-off run compared all 2**32 float32 patterns.)"""
+    from tremula.numerics.amp import saturate_round_half
+
+    rng = np.random.default_rng(4)
+    bits = rng.integers(0, 1 << 32, 1 << 22, dtype=np.uint64).astype(np.uint32)
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = np.sort(h[np.isfinite(h)].astype(np.float32))
+    mid = ((h[1:].astype(np.float64) + h[:-1]) / 2).astype(np.float32)  # the ties between neighbouring halves
+    edges = np.array([np.nan, -np.nan, np.inf, -np.inf, 65504, -65504, 65519.99, -65519.99, 65520, -65520, 0.0, -0.0,
+                      2.0**-14, -(2.0**-14), 2.0**-24, -(2.0**-24), 2.0**-25, -(2.0**-25), 1.5 * 2.0**-25, 1e-40,
+                      -1e-40, 3e38, -3e38], np.float32)
+    with np.errstate(invalid="ignore", under="ignore"):  # (NaN arithmetic, tiny products: expected)
+        x = np.concatenate([bits.view(np.float32), h, mid, np.nextafter(mid, np.float32(np.inf)),
+                            np.nextafter(mid, np.float32(-np.inf)), edges, (bits.view(np.float32) * 1e-30)])
+        want = _round_by_definition(x)
+    with np.errstate(invalid="ignore"):  # (signalling NaNs among the random bits)
+        got = saturate_round_half(x.copy())
+    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+
+
+def test_half_conversions_are_numpys_casts():
+    """from_half on every half, to_half on every half value and quiet NaN payloads: NumPy's bits."""
+    from tremula.numerics.amp import from_half, to_half
+
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    f = h.astype(np.float32)
+    finite = np.isfinite(h)
+    assert from_half(h).view(np.uint32).tobytes() == f.view(np.uint32).tobytes()  # (inf/NaN: NumPy's cast)
+    big = np.tile(h[finite], 3).reshape(3, 1, -1)  # several chunks, the fast path
+    assert from_half(big).view(np.uint32).tobytes() == big.astype(np.float32).view(np.uint32).tobytes()
+    rng = np.random.default_rng(5)
+    nans = (rng.integers(0, 1 << 32, 4096, dtype=np.uint64).astype(np.uint32) | np.uint32(0x7FC00000)).view(np.float32)
+    v = np.concatenate([f[finite], nans, np.float32([np.inf, -np.inf])])
+    out = np.empty(v.shape, np.float16)
+    assert to_half(v, out) is out and out.view(np.uint16).tobytes() == v.astype(np.float16).view(np.uint16).tobytes()

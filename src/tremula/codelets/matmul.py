@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.numerics.amp import half_partial_sums, saturate_round_half
+from tremula.numerics.amp import half_partial_sums, saturate_round_half, to_half, widen
 from tremula.target import cost_terms
 
 
@@ -39,8 +39,7 @@ def _half_stack(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
     """Half partials of a stack of vertices (one vertex run alone is a stack of one, so it takes the same BLAS calls
     and gives the same bits as inside a stack: a group's float32 sum depends on the kernel that forms it)."""
     single = x.ndim == 2
-    y = half_partial_sums(x.astype(np.float32)[None] if single else x.astype(np.float32),
-                          w.astype(np.float32)[None] if single else w.astype(np.float32), group)
+    y = half_partial_sums(widen(x)[None] if single else widen(x), widen(w)[None] if single else widen(w), group)
     return y[0] if single else y
 
 
@@ -49,7 +48,8 @@ def _matmul(ops: list[np.ndarray], params) -> None:
     x, w, out = ops[0], ops[1], ops[-1]
     group = _param(params, 1)
     if group and x.dtype == np.float16:
-        y = _half_stack(x, w, group).astype(out.dtype)
+        y = _half_stack(x, w, group)
+        y = to_half(y) if out.dtype == np.float16 else y.astype(out.dtype)
     else:
         acc = _acc(x.dtype)
         y = np.matmul(x.astype(acc, copy=False), w.astype(acc, copy=False)).astype(out.dtype, copy=False)
@@ -72,7 +72,11 @@ def _matmul_partial(ops: list[np.ndarray], params) -> None:
     x, w, out = ops
     group = _param(params, 0)
     if group:
-        out[...] = _half_stack(x, w, group)
+        y = _half_stack(x, w, group)  # half values: to_half gives astype's bits in a fraction of its time
+        if out.dtype == np.float16:
+            to_half(y, out)
+        else:
+            out[...] = y
     else:
         out[...] = np.matmul(x.astype(np.float32, copy=False), w.astype(np.float32, copy=False))
 
@@ -92,19 +96,32 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
     own, recv, out = ops[0], ops[1], ops[-1]
     m = own.shape[-2]
     if half:
-        # every vertex's parts in part order: its own at its index, the received ones around it (one copy of each)
+        # every vertex's parts in part order: its own at its index, the received ones around it. Widened once, part
+        # q of every vertex gathered as it is added (no array holding a copy of every part).
         own3 = own.reshape((-1,) + own.shape[-2:])
         n = len(own3)
         mine = np.asarray(params, np.int64).reshape(n, -1)[:, 3]
-        parts = np.empty((n, n_parts) + own3.shape[1:], np.float32)
-        parts[np.arange(n), mine] = own3
-        at = np.arange(n_parts - 1)[None, :] + (np.arange(n_parts - 1)[None, :] >= mine[:, None])
-        parts[np.arange(n)[:, None], at] = recv.reshape(n, n_parts - 1, m, recv.shape[-1])
-        s = parts[:, 0]
-        for q in range(1, n_parts):
-            s += parts[:, q]
-            saturate_round_half(s)
+        own32 = widen(own3)
+        recv32 = widen(recv).reshape(n, n_parts - 1, m, recv.shape[-1])
+        rows = np.arange(n)
+        s = a = b = None
+        for q in range(n_parts):
+            part = recv32[rows, np.clip(q - (q > mine), 0, n_parts - 2)] if n_parts > 1 else own32.copy()
+            ours = mine == q
+            if ours.any():
+                part[ours] = own32[ours]
+            if s is None:
+                s, a, b = part, np.empty_like(part), np.empty_like(part)
+            else:
+                s += part
+                saturate_round_half(s, a, b)
         s = s.reshape(own.shape)
+        if n_parts > 1 and out.dtype == np.float16:  # rounded by saturate_round_half: to_half gives astype's bits
+            y = to_half(s)
+            if has_bias:
+                y = (y + ops[2]).astype(out.dtype)
+            out[...] = y
+            return
     else:
         s = own.astype(np.float32)  # (a copy: summed in place)
         for q in range(n_parts - 1):

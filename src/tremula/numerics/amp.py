@@ -16,22 +16,33 @@ F16_MAX = float(np.finfo(np.float16).max)
 AMP_BLOCK = 1 << 16  # accumulator elements per block of rows: its running sum and products stay in the L2 cache
 
 
+_EXP, _SIGN = np.uint32(0x7F800000), np.uint32(0x80000000)
+_BINADES = np.float32(2.0**-14), np.float32(2.0**15)  # the half binades: subnormals' quantum at the bottom, 65504's
+_MAGIC = np.float32(1.5 * 2.0**13)
+
+
 def saturate_round_half(v: np.ndarray, a: np.ndarray | None = None, m: np.ndarray | None = None) -> np.ndarray:
     """float32 values (or NaN) clipped to half's finite range and rounded to the nearest half value, ties to even,
-    kept in float32, in place: adding M = 2**13 x the value's binade (at least 2**-14, the half subnormal range)
-    rounds it to a multiple of M's float32 ulp, which is the half quantum there; subtracting M back is exact. `a` and
-    `m` are scratch arrays of v's shape (made when not given: a loop passes its own, so no pass allocates). The
-    simulator's quarter and half-partials matmuls, their split-K sums and the reference all round with this."""
+    kept in float32, in place: adding M = 1.5 x 2**13 x the value's binade (clamped to 2**-14.. 2**15, half's
+    subnormal range at the bottom) rounds it to a multiple of M's float32 ulp, which is the half quantum there (the
+    1.5 keeps v + M in M's binade for either sign, so no abs / copysign pass); subtracting M back is exact. That gives
+    +0 for a negative value rounding to zero, so v's sign bit is ORed back in (a no-op for every other result). `a`
+    and `m` are scratch arrays of v's shape (made when not given: a loop passes its own, so no pass allocates). The
+    same bits as abs / min / binade / add / sub / copysign (NumPy's copysign is not SIMD: 6x an add) for all 2**32
+    float32 patterns. The simulator's quarter and half-partials matmuls, their split-K sums and the reference all
+    round with this."""
     a = np.empty_like(v) if a is None else a
     m = np.empty_like(v) if m is None else m
-    np.abs(v, out=a)
-    np.minimum(a, np.float32(F16_MAX), out=a)  # partials saturate (NaN stays NaN)
-    np.bitwise_and(a.view(np.uint32), np.uint32(0x7F800000), out=m.view(np.uint32))  # 2**exponent (0 for zero)
-    np.maximum(m, np.float32(2.0**-14), out=m)
-    m *= np.float32(2.0**13)
-    a += m
+    vb, ab, mb = v.view(np.uint32), a.view(np.uint32), m.view(np.uint32)
+    np.bitwise_and(vb, _EXP, out=mb)  # 2**exponent (0 for zero, inf for inf and NaN)
+    np.clip(m, *_BINADES, out=m)
+    m *= _MAGIC
+    np.add(v, m, out=a)
     a -= m
-    return np.copysign(a, v, out=v)
+    np.clip(a, -np.float32(F16_MAX), np.float32(F16_MAX), out=a)  # partials saturate (NaN stays NaN)
+    np.bitwise_and(vb, _SIGN, out=mb)
+    np.bitwise_or(ab, mb, out=vb)
+    return v
 
 
 def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matmul=np.matmul) -> np.ndarray:
@@ -54,15 +65,69 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
         blocks = [(x, w, out, scale)]
     for xb, wb, ob, sb in blocks:
         a, m = np.empty_like(ob), np.empty_like(ob)  # scratch, reused by every group of the block
+        part = np.empty_like(ob)  # each group's products (matmul's out: the same BLAS call, no allocation per group)
         for k0 in range(0, x.shape[-1], group):
-            part = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
+            p = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :], out=part) if matmul is np.matmul else \
+                matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
             if sb is not None:
-                part *= sb
-            ob += part
+                p *= sb
+            ob += p
             saturate_round_half(ob, a, m)
     return out
 
 
+_REBIAS = np.float32(2.0**112)  # float32's exponent bias less half's: a half's bits << 13 are its value / 2**112
+
+
+def from_half(h: np.ndarray) -> np.ndarray:
+    """float16 -> float32, exact, as h.astype(np.float32) but in a few SIMD passes (NumPy's half casts run one element
+    at a time) over cache-sized chunks: the half's bits, sign-extended and shifted into float32's fields, are its value
+    / 2**112 (half subnormals land on float32 subnormals), and the multiply by 2**112 is exact. inf and NaN, which
+    would come out finite (from 2**16 up), take NumPy's cast."""
+    f = np.empty(h.shape, np.float32)
+    hi, fi = np.ascontiguousarray(h).view(np.int16).reshape(-1), f.view(np.int32).reshape(-1)
+    for c in range(0, hi.size, AMP_BLOCK):
+        ic = fi[c: c + AMP_BLOCK]
+        ic[...] = hi[c: c + AMP_BLOCK]
+        ic <<= 13
+        ic &= np.int32(-0x70002000)  # 0x8FFFE000: the sign and the half's exponent and mantissa, not sign copies
+        fc = ic.view(np.float32)
+        fc *= _REBIAS
+        if not (float(fc.max()) < 65536 and float(fc.min()) > -65536):
+            return h.astype(np.float32)
+    return f
+
+
+def to_half(v: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 half values or quiet NaNs (what saturate_round_half leaves) -> float16 (into `out` when given), the bits
+    v.astype(np.float16) gives them, in a few SIMD passes over cache-sized chunks: v / 2**112 (exact) has the half's
+    exponent and mantissa in its bits >> 13; the sign moves from bit 18 to 15. (A signalling NaN would come out
+    quiet.)"""
+    res = np.empty(v.shape, np.float16) if out is None or not out.flags.c_contiguous else out
+    vf, ru = np.ascontiguousarray(v, np.float32).reshape(-1), res.view(np.uint16).reshape(-1)
+    t = np.empty(min(vf.size, AMP_BLOCK), np.float32)
+    tu, s = t.view(np.uint32), np.empty(len(t), np.uint32)
+    for c in range(0, vf.size, AMP_BLOCK):
+        vc = vf[c: c + AMP_BLOCK]
+        k = len(vc)
+        np.multiply(vc, np.float32(1 / _REBIAS), out=t[:k])
+        tu[:k] >>= np.uint32(13)
+        np.right_shift(tu[:k], np.uint32(3), out=s[:k])
+        s[:k] &= np.uint32(0x8000)
+        tu[:k] &= np.uint32(0x7FFF)
+        tu[:k] |= s[:k]
+        ru[c: c + k] = tu[:k]
+    if out is not None and res is not out:
+        out[...] = res
+    return res if out is None else out
+
+
 def half_partials_matmul(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
     """x @ w of half values on the AMP with half partials (groups of `group` input channels): float16."""
-    return half_partial_sums(np.asarray(x, np.float32), np.asarray(w, np.float32), group).astype(np.float16)
+    return to_half(half_partial_sums(widen(x), widen(w), group))
+
+
+def widen(a: np.ndarray) -> np.ndarray:
+    """An array as float32: half through from_half, float32 as it is, others cast."""
+    a = np.asarray(a)
+    return from_half(a) if a.dtype == np.float16 else a.astype(np.float32, copy=False)

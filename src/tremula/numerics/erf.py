@@ -24,7 +24,9 @@ def gelu_exact(x: np.ndarray, approximate: str = "none") -> np.ndarray:
     """Gelu in float64 (exact with erf, or the tanh approximation), rounded to x's type."""
     x64 = x.astype(np.float64)
     if approximate == "tanh":
-        y = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+        # x * x * x, not x**3: NumPy's float64 pow took 0.97 of the 1.26 s of SigLIP so400m's Gelu on four samples
+        # (the FP8 calibration runs 27 of them); the product differs from pow by an ulp of float64 at most
+        y = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * (x64 * x64 * x64))))
     else:
         y = 0.5 * x64 * (1.0 + erf_exact(x64 / math.sqrt(2.0)))
     return y.astype(x.dtype)

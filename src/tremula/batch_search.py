@@ -10,7 +10,7 @@ from collections.abc import Callable
 from tremula import limits
 from tremula.frontends.rebatch import FixedBatch
 from tremula.ir.graph import Graph, model_batch
-from tremula.pipeline import Progress, canonical, plan_graph, resolve_dtype, samples_per_second
+from tremula.pipeline import Progress, canonical, keep_fastest, plan_graph, price_plan, resolve_dtype
 
 MAX_AUTO_BATCH = 4096
 
@@ -70,10 +70,12 @@ def refuse_oversize(build, graph: Graph, chip, dt: str, what: str | None = None,
 
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
             scales: dict[str, int] | None = None, shared_only: bool = False,
-            partials: str = "float", rates: dict[int, float] | None = None) -> tuple[bool, bool]:
+            partials: str = "float", rates: dict[int, float] | None = None,
+            plans: dict | None = None) -> tuple[bool, bool]:
     """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares).
     A batch over the lower bound (limits.py) is answered without planning. `rates`: a plan that fits has its
-    modelled samples/s put there by batch (its Program priced as the compile prices it)."""
+    modelled samples/s put there by batch (its Program priced as the compile prices it); `plans` (with rates):
+    the fastest plan so far is kept there whole (pipeline.keep_fastest), for the compile to reuse."""
     graph = build(batch)
     (on_chip, on_host), (cap, host) = _needs(graph, dtype), _caps(chip)
     if on_chip.total > cap or (host is not None and on_host.total > host):
@@ -81,7 +83,11 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     g, state, mp, live, reserved = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only,
                                               partials=partials)
     if mp.fits and rates is not None:
-        rates[batch] = samples_per_second(g, state, mp, live, reserved, chip, dtype, batch)
+        priced = price_plan(g, state, mp, live, reserved, chip, dtype, batch, shared_only)
+        rates[batch] = priced.rate
+        if plans is not None:
+            keep_fastest(plans, batch, priced)
+        priced = None
     return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False)
 
 
@@ -95,7 +101,8 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     Once plans without shared layers fail at some batch, larger batches try only shared-layer plans: the others
     grow with the batch (SigLIP so400m's reached 23 GB of host memory at batch 16) and did not fit at a smaller one.
     `found["shared_from"]` is then that batch, and `found["rates"]` the modelled samples/s of every batch planned
-    that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among.
+    that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among; with
+    `found["plans"]` (a dict the caller puts there) the fastest of those plans is kept whole, for the compile to reuse.
 
     FP8 scales change no byte or cycle of a plan, so the search plans with `scales` (or placeholders). `one_fits`:
     the caller already planned batch 1. The search goes no higher than the lower bound allows (limits.py), so an
@@ -110,6 +117,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         return 0
     probes = 0
     rates = found.setdefault("rates", {}) if found is not None else None
+    plans = found.get("plans") if found is not None else None
 
     shared_from = limit + 1  # smallest batch at which plans without shared layers failed
 
@@ -119,7 +127,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         if progress:
             progress("batch search", probes, probes + 1)
         fits, shared = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
-                               rates=rates)
+                               rates=rates, plans=plans)
         if shared:
             shared_from = min(shared_from, b)
         return fits

@@ -25,9 +25,9 @@ from tremula.pipeline import (
     check_fp8,
     host_cycles,
     plan_graph,
+    price_plan,
     priced_program,
     resolve_dtype,
-    samples_per_second,
 )
 from tremula.program import Program
 
@@ -233,6 +233,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             raise TremulaError(f"batch must be >= 1 (got {batch})")
     graph: Graph | None = None
     auto: dict | None = None
+    auto_plans: dict | None = None  # --batch auto: the search's fastest plan, kept whole (batch -> PricedPlan)
     if batch != "auto":
         graph = model if isinstance(model, Graph) else _exact(build, batch)  # type: ignore[arg-type]
         real = model_batch(graph)
@@ -254,8 +255,14 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=scales, partials=partials)
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
-        found: dict = {"rates": {1: samples_per_second(g1, state, mp, live, reserved, chip, dt, 1)}}
-        g1 = state = live = reserved = one = None
+        priced = price_plan(g1, state, mp, live, reserved, chip, dt, 1)
+        found: dict = {"rates": {1: priced.rate}}
+        # The fastest plan the search makes is kept whole, and compiling that batch reuses it instead of planning it
+        # again, when a probe's graph is the one compiled: a model file's probes are rebatched graphs, whose value
+        # names may differ from the file's own at that batch (_Rebatching), so those are planned again.
+        if not hasattr(build, "exact"):
+            found["plans"] = {1: priced}
+        g1 = state = live = reserved = one = priced = None
         largest = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found,
                                  partials=partials)
         # The fastest of the batches planned (a larger batch can be slower: more rounds, tighter budgets); on a tie
@@ -267,11 +274,19 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             notice(f"--batch auto: batch {largest} is the largest that fits, but batch {batch} is faster "
                    f"({rates[batch]:,.1f} against {rates[largest]:,.1f} samples/s modelled): compiling batch {batch}")
         shared_only = found.get("shared_from", largest + 1) <= batch
+        auto_plans = found.get("plans")
         graph = _exact(build, batch)
     assert graph is not None
     real = model_batch(graph)
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)
-    g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials)
+    kept = (auto_plans or {}).get(batch)
+    if kept is not None and kept.shared_only == shared_only:  # the search planned exactly this: reuse it
+        g, state, mp, live, reserved = kept.graph, kept.state, kept.mp, kept.live, kept.reserved
+        program, comp, exch, sync = kept.program, kept.compute, kept.exchange, kept.sync
+    else:
+        g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials)
+        program = None
+    kept = auto_plans = None
     if require_fit and not mp.fits:
         # Batch 1 not fitting answers the search already; otherwise search below this batch.
         max_b = 0 if batch == 1 else None
@@ -281,7 +296,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             except FixedBatch:  # fixed at this batch and not rebatchable: no other batch to offer
                 max_b = None
         raise _does_not_fit(state, mp, live, chip, batch, max_b)
-    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
+    if program is None:
+        program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
     res = CompileResult(program, mp.fits, batch, dt, mp.fullest_tile, mp.peak_bytes, mp.peak_time // 2,
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
                         dict(state.strategies), dict(state.split_sums), graph=g, source=graph)

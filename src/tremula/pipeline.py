@@ -7,6 +7,8 @@ search (batch_search.py) and the FP8 calibration (fp8_calibration.py) all go thr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +18,8 @@ from tremula.ir.interp import infer_types
 from tremula.ir.layers import find_layers
 from tremula.plan.finalize import memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
-from tremula.plan.lower_ops import Lowerer
-from tremula.program import host_stream_bytes
+from tremula.plan.lower_ops import Lowerer, free_temp_fraction
+from tremula.program import Program, host_stream_bytes
 from tremula.target.cost import host_transfer_cycles
 from tremula.target.step_cost import step_cycles
 
@@ -25,14 +27,16 @@ Progress = Callable[[str, int, int], None]
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16", "fp8": "fp8"}
 # Planner budgets tried in turn until a plan fits: (operand block, permanent bytes of the matmuls), as fractions of a
 # tile's SRAM (see plan/strategies.py), and whether identical layers share one copy of their code (plan/share.py).
-# The first leaves permanent bytes unbudgeted (fastest plans); tighter budgets trade cycles for memory. Sharing streams
+# The first two leave permanent bytes unbudgeted (fastest plans), the very first with an operand budget from what the
+# tiles have left (FREE); tighter budgets trade cycles for memory. Sharing streams
 # every layer's weights to all its tiles, which cost SigLIP so400m 0.1 % of its cycles at batch 4, and holds one
 # layer's vertex state and exchange code instead of one per layer (91 KB a tile less there). A graph without
 # repeated layers (ir/layers.py) skips the shared budget; a graph with them stops after it: once layers share, the
 # permanent budgets change nothing, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of host
 # memory to plan.
-PLAN_BUDGETS = ((0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True), (0.12, 0.3, False), (0.12, 0.2, False),
-                (0.04, 0.2, False))
+FREE = None  # a budget's operand fraction derived from the tile's free bytes (see plan_graph)
+PLAN_BUDGETS = ((FREE, None, False), (0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True), (0.12, 0.3, False),
+                (0.12, 0.2, False), (0.04, 0.2, False))
 
 
 def canonical(graph: Graph) -> Graph:
@@ -120,12 +124,41 @@ def host_cycles(program, chip) -> tuple[int, int, int, int]:
     return b_in, b_out, host_transfer_cycles(chip, b_in), host_transfer_cycles(chip, b_out)
 
 
-def samples_per_second(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int) -> float:
-    """Modelled throughput of a plan: batch / (host in + forward + host out), as CompileResult.throughput_cycles
-    charges it (host transfers in series with the forward)."""
-    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch)
+@dataclass
+class PricedPlan:
+    """A plan lowered to its Program and priced: what a batch probe of --batch auto made, kept so that compiling the
+    batch the search chooses does not plan and lower it a second time."""
+
+    graph: Graph
+    state: Any
+    mp: Any
+    live: Any
+    reserved: Any
+    program: Program
+    compute: int
+    exchange: int
+    sync: int
+    rate: float  # modelled samples/s
+    shared_only: bool  # plan_graph's shared_only for this plan: the compile reuses it only when it would ask the same
+
+
+def price_plan(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int, shared_only: bool = False,
+               progress: Progress | None = None) -> PricedPlan:
+    """The plan's Program, its cycles (priced_program) and its modelled throughput: batch / (host in + forward +
+    host out), as CompileResult.throughput_cycles charges it (host transfers in series with the forward)."""
+    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
     _, _, c_in, c_out = host_cycles(program, chip)
-    return batch * chip.clock_hz / (c_in + comp + exch + sync + c_out)
+    rate = batch * chip.clock_hz / (c_in + comp + exch + sync + c_out)
+    return PricedPlan(g, state, mp, live, reserved, program, comp, exch, sync, rate, shared_only)
+
+
+def keep_fastest(plans: dict[int, PricedPlan], batch: int, plan: PricedPlan) -> None:
+    """Keep in `plans` only the fastest plan seen (the larger batch on a tie: --batch auto's choice), so a search
+    holds one plan besides the probe it is making."""
+    best = max(plans, key=lambda b: (plans[b].rate, b), default=None)
+    if best is None or (plan.rate, batch) > (plans[best].rate, best):
+        plans.clear()
+        plans[batch] = plan
 
 
 def check_fp8(chip, dtype: str) -> None:
@@ -149,7 +182,15 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     if layered:
         g = untie_layer_vectors(g, layers)
     tried_shared = False
-    for i, (frac, perm, share) in enumerate(PLAN_BUDGETS):
+    # FREE: the operand budget of what the tiles have left (lower_ops.free_temp_fraction); a budget equal to the one
+    # before it is not tried twice
+    free = free_temp_fraction(g, chip) if any(b[0] is FREE for b in PLAN_BUDGETS) else 0.0
+    budgets: list[tuple[float, float | None, bool]] = []
+    for frac, perm, share in PLAN_BUDGETS:
+        b = (free if frac is FREE else frac, perm, share)
+        if not budgets or b != budgets[-1]:
+            budgets.append(b)
+    for i, (frac, perm, share) in enumerate(budgets):
         if frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
                                                                          (shared_only or tried_shared)):
             continue
@@ -179,7 +220,7 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     assert best is not None and plan is not None
     if best[1] != i:
         plan = state = live = None
-        frac, perm, share = PLAN_BUDGETS[best[1]]
+        frac, perm, share = budgets[best[1]]
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
                         layers=layers).lower()
         plan = (state, *memory_plan(state, chip))

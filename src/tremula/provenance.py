@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tremula.errors import TremulaError
-from tremula.ir.graph import Constant, DerivedInit, Graph
+from tremula.ir.graph import ConcatInit, Constant, DerivedInit, Graph
 from tremula.program import Program
 from tremula.target.chip import Chip, builtin_chip_names
 
@@ -114,6 +114,8 @@ def _value(c: Constant, cache: bool) -> np.ndarray:
         if tuple(out.shape) != c.type.shape:
             raise TremulaError(f"{init.what} of {init.source.name!r}: made {list(out.shape)}, expected {c.type}")
         return out.astype(c.type.dtype, copy=False)
+    if isinstance(init, ConcatInit):
+        return init.join([_value(p, cache=False) for p in init.sources], c.type)
     assert init is not None
     return init.make(c.type)
 

@@ -34,26 +34,30 @@ def _model(family: str):
     if family == "vit":
         m = T.ViTModel(T.ViTConfig(**VISION), add_pooling_layer=False)
         x = torch.randn(1, 3, 32, 32)
-        # per layer: q, k, v, out, fc1, fc2 Linears, 2 LayerNorms, 1 GELU; plus the patch embedding and final LayerNorm
-        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=LAYERS, Linear=6 * LAYERS + 1, Patchify=1)
+        # per layer: q, k and v fused into one Linear (passes/fuse_qkv.py) and a Split, out, fc1, fc2 Linears,
+        # 2 LayerNorms, 1 GELU; plus the patch embedding and final LayerNorm
+        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=LAYERS, Linear=4 * LAYERS + 1, Patchify=1,
+                    Split=LAYERS)
     elif family == "siglip":
         m = T.SiglipVisionModel(T.SiglipVisionConfig(**VISION, vision_use_head=False))
         x = torch.randn(1, 3, 32, 32)
-        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=LAYERS, Linear=6 * LAYERS + 1, Patchify=1)
+        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=LAYERS, Linear=4 * LAYERS + 1, Patchify=1,
+                    Split=LAYERS)
     elif family == "clip":
         m = T.CLIPVisionModel(T.CLIPVisionConfig(**VISION))
         x = torch.randn(1, 3, 32, 32)
         # quick_gelu (x·sigmoid(1.702x)) is not GELU and must not become one; post_layernorm only feeds the pooler
-        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=0, Linear=6 * LAYERS + 1, Patchify=1)
+        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=0, Linear=4 * LAYERS + 1, Patchify=1,
+                    Split=LAYERS)
     elif family == "bert":
         m = T.BertModel(T.BertConfig(**COMMON, vocab_size=100, max_position_embeddings=64), add_pooling_layer=False)
         x = torch.randint(0, 100, (1, SEQ))
-        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=LAYERS, Linear=6 * LAYERS)
+        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=LAYERS, Linear=4 * LAYERS, Split=LAYERS)
     else:
         m = T.GPT2Model(T.GPT2Config(n_embd=32, n_layer=LAYERS, n_head=2, n_positions=64, vocab_size=100))
         x = torch.randint(0, 100, (1, SEQ))
         # c_attn (q, k and v in one), c_proj, c_fc, mlp c_proj
-        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=LAYERS, Linear=4 * LAYERS)
+        want = dict(Attention=LAYERS, LayerNorm=2 * LAYERS + 1, Gelu=LAYERS, Linear=4 * LAYERS, Split=LAYERS)
     m.config._attn_implementation = "eager"
     return m.eval(), x, want
 

@@ -7,6 +7,7 @@ import pytest
 from tremula.batch_search import find_max_batch
 from tremula.compiler import compile_model
 from tremula.frontends import load_model
+from tremula.program import save_program
 from tremula.target.chip import load_chip
 
 TINY16 = "examples/chips/tiny16.toml"
@@ -33,3 +34,30 @@ def test_auto_compiles_the_fastest_batch_planned_and_reports_the_largest(model):
 def test_a_fixed_batch_is_not_auto():
     res = compile_model("gpt2-tiny", TINY16, 2, "fp16")
     assert res.auto is None and "auto" not in res.summary()
+
+
+def test_auto_reuses_the_plan_of_the_batch_it_chose(monkeypatch, tmp_path):
+    """The chosen batch is planned once, by the search, and its kept plan is what the compile returns: the same
+    Program as a compile of that batch alone."""
+    import tremula.batch_search as bs
+    import tremula.compiler as compiler
+
+    planned = []
+    real = compiler.plan_graph
+
+    def counting(graph, *args, **kwargs):
+        from tremula.ir.graph import model_batch
+
+        planned.append(model_batch(graph))
+        return real(graph, *args, **kwargs)
+
+    monkeypatch.setattr(compiler, "plan_graph", counting)
+    monkeypatch.setattr(bs, "plan_graph", counting)
+    res = compile_model("gpt2-tiny", TINY16, "auto", "fp16")
+    assert planned.count(res.batch) == 1
+    alone = compile_model("gpt2-tiny", TINY16, res.batch, "fp16")
+    assert (res.cycles, res.peak_tile_bytes, res.strategies) == (alone.cycles, alone.peak_tile_bytes, alone.strategies)
+    for r, name in ((res, "auto"), (alone, "alone")):
+        r.program.meta = {}  # (the summary differs: the auto one lists the rates)
+        save_program(r.program, tmp_path / name)
+    assert (tmp_path / "auto").read_bytes() == (tmp_path / "alone").read_bytes()

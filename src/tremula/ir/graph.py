@@ -94,6 +94,25 @@ class DerivedInit:
         return out.astype(ttype.dtype, copy=False)
 
 
+@dataclass(frozen=True, eq=False)
+class ConcatInit:
+    """A constant made by joining other constants along `axis` when first needed (a fused projection's weights from
+    its parts': passes/fuse_qkv.py), so planning stays lazy."""
+
+    sources: tuple[Constant, ...]
+    axis: int
+    what: str
+
+    def make(self, ttype: TensorType) -> np.ndarray:
+        return self.join([s.value() for s in self.sources], ttype)
+
+    def join(self, parts: list[np.ndarray], ttype: TensorType) -> np.ndarray:
+        out = np.concatenate(parts, axis=self.axis)
+        if tuple(out.shape) != ttype.shape:
+            raise TremulaError(f"{self.what}: made {list(out.shape)}, expected {ttype}")
+        return out.astype(ttype.dtype, copy=False)
+
+
 def name_seed(base_seed: int, name: str) -> int:
     """A seed for one named tensor, stable across runs and Python versions (hash() is salted; crc32 is not)."""
     return (base_seed * 1_000_003 + zlib.crc32(name.encode())) & 0xFFFFFFFF
@@ -106,7 +125,7 @@ class Constant:
     name: str
     type: TensorType
     data: np.ndarray | None = None
-    init: LazyInit | DerivedInit | None = None
+    init: LazyInit | DerivedInit | ConcatInit | None = None
 
     def __post_init__(self) -> None:
         if (self.data is None) == (self.init is None):

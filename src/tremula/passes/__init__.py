@@ -13,13 +13,15 @@ from tremula.passes.fuse_gelu import fuse_gelu
 from tremula.passes.fuse_layernorm import fuse_layernorm
 from tremula.passes.fuse_linear import fuse_linear
 from tremula.passes.fuse_patchify import fuse_patchify
+from tremula.passes.fuse_qkv import fuse_qkv
 
 # Order: folding first removes the Identity/Cast/shape-arithmetic noise that would hide patterns. Patchify runs
 # before Linear because it makes its own Linear from the Conv weight. Each other fusion claims nodes the others never
 # take (a GELU's x and a LayerNorm's input are read, not claimed, so the Linear that makes them still fuses), and
 # Linear comes last so that no constant-operand MatMul of another pattern is taken first. A final fold merges the
-# transposes that peeling attention's kᵀ leaves back to back, and DCE drops the old interiors' constants.
-FUSIONS = (fuse_patchify, fuse_layernorm, fuse_gelu, fuse_attention, fuse_linear)
+# transposes that peeling attention's kᵀ leaves back to back, and DCE drops the old interiors' constants. Projections
+# of one input are fused last, once every Linear exists.
+FUSIONS = (fuse_patchify, fuse_layernorm, fuse_gelu, fuse_attention, fuse_linear, fuse_qkv)
 
 
 def canonicalize(graph: Graph) -> Graph:
@@ -47,4 +49,5 @@ __all__ = [
     "fuse_layernorm",
     "fuse_linear",
     "fuse_patchify",
+    "fuse_qkv",
 ]

@@ -3,6 +3,7 @@ the compute sets of its codelets. The result is a LoweringState with symbolic ad
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -12,7 +13,7 @@ from tremula.codelets.elementwise import BINARY_IDS, UNARY_IDS
 from tremula.codelets.fp8 import format_id
 from tremula.codelets.norm import REDUCE_IDS
 from tremula.errors import TremulaError
-from tremula.ir.graph import Graph
+from tremula.ir.graph import Graph, Node
 from tremula.ir.layers import LayerKey, find_layers
 from tremula.ir.ops import OPS, _norm_axis, rule
 from tremula.numerics.fp8 import fp8_format
@@ -22,6 +23,8 @@ from tremula.plan.layout import Layout, block_rel_offsets, blocks, even_cuts, re
 from tremula.plan.lower_attention import AttentionLowering, head_views
 from tremula.plan.state import LoweringState, SymConst, SymStream
 from tremula.plan.strategies import (
+    BUFFER_FRACTION,
+    FREE_SHARE,
     ROW_BLOCK_FRACTION,
     TEMP_FRACTION,
     WEIGHT_FRACTION,
@@ -57,6 +60,27 @@ def supported(graph: Graph) -> list[str]:
     return bad
 
 
+def tile_room(graph: Graph, chip) -> tuple[int, int]:
+    """(bytes of a tile's SRAM left after code, bytes of all matmul weights): the code bounded by every codelet's
+    on every tile (FP8 ones only when used)."""
+    lin_bytes = sum(graph.types[n.inputs[1]].nbytes for n in graph.nodes
+                    if n.op in MATMULS and n.inputs[1] in graph.constants)
+    needs = {"fp8"} if any(n.op == "LinearFp8" for n in graph.nodes) else set()
+    code = sum(v for c, v in CODE_BYTES.items() if OPTIONAL_CODELETS.get(c, "always") in needs | {"always"})
+    return chip.sram_bytes_per_tile - BASE_CODE_BYTES - code, lin_bytes
+
+
+def free_temp_fraction(graph: Graph, chip) -> float:
+    """The operand-block budget (a Lowerer's temp_fraction) of the first, fastest plan, from what a tile has left
+    once code and one copy of every matmul weight are placed: an op's temporaries may take FREE_SHARE of that (its
+    buffer budget is BUFFER_FRACTION / TEMP_FRACTION times its operand budget), never less than the fixed
+    TEMP_FRACTION the tighter plans use. ViT-B/16 fp16 leaves 77 % of a C600 tile (0.23), SigLIP so400m fp8 49 %
+    (0.15), a tiny model nearly all of it."""
+    usable, lin_bytes = tile_room(graph, chip)
+    free = max(0, usable - lin_bytes // chip.tiles)
+    return max(TEMP_FRACTION, FREE_SHARE * free / chip.sram_bytes_per_tile * TEMP_FRACTION / BUFFER_FRACTION)
+
+
 class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
                  temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False,
@@ -74,22 +98,30 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.head_in, self.head_out, self.head_skip = head_views(graph)
         # [B*S, H*d] values attention reads or writes per head: H column parts for the matmul that makes or reads them
         self.head_parts = {hv.value: hv.heads for hv in (*self.head_in.values(), *self.head_out.values())}
+        self._split_heads(graph)
         self.producers = graph.producers()
-        lin_bytes = 0
-        self.n_linear = 0
-        for n in graph.nodes:
-            if n.op in MATMULS and n.inputs[1] in graph.constants:
-                lin_bytes += graph.types[n.inputs[1]].nbytes
-                self.n_linear += 1
+        self.n_linear = sum(1 for n in graph.nodes if n.op in MATMULS and n.inputs[1] in graph.constants)
         self.consumers = graph.consumers()
         # Cap on how many times matmul weights are replicated, so all of them together stay within the budget of
-        # what a tile has left after code (bounded by every codelet's code on every tile; FP8 ones only when used).
-        needs = {"fp8"} if any(n.op == "LinearFp8" for n in graph.nodes) else set()
-        code = sum(v for c, v in CODE_BYTES.items() if OPTIONAL_CODELETS.get(c, "always") in needs | {"always"})
-        usable = chip.sram_bytes_per_tile - BASE_CODE_BYTES - code
+        # what a tile has left after code.
+        usable, lin_bytes = tile_room(graph, chip)
         self.pm_max = max(1, int(WEIGHT_FRACTION * max(usable, 0) * chip.tiles // max(lin_bytes, 1)))
         self.cursor = 0  # first tile of the next weight placement: rotating spreads weights over all tiles
         self.row_block_bytes = int(ROW_BLOCK_FRACTION * chip.sram_bytes_per_tile)
+        self.spread_rows = perm_fraction is None  # the fastest plan first; budgets keep row layouts compact
+
+    def _split_heads(self, graph: Graph) -> None:
+        """A fused projection (passes/fuse_qkv.py) whose Split outputs attention reads per head: its output columns
+        are cut at every head of every part (Q's, K's and V's heads), so the Split's points fall on block edges and
+        each head view reads whole blocks."""
+        for n in graph.nodes:
+            if n.op != "Split" or not _last_axis(n, self.types):
+                continue
+            heads = [self.head_parts.get(o, 0) for o in n.outputs]
+            widths = [self.types[o].shape[-1] for o in n.outputs]
+            if all(heads) and len({w // h for w, h in zip(widths, heads)}) == 1 and \
+                    all(w % h == 0 for w, h in zip(widths, heads)):
+                self.head_parts[n.inputs[0]] = sum(heads)
 
     # ------------------------------------------------------------------------------------------------ driver
     def lower(self) -> LoweringState:
@@ -449,6 +481,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def _lower_move(self, node) -> None:
         ins = [i for i in node.inputs if i]
         outs = node.outputs
+        if node.op == "Split" and self._split_free(node):
+            return
         if node.op in ("Reshape", "Identity") and ins[0] not in self.graph.constants:
             rows, cols = view2d(self.types[outs[0]].shape)
             free = reshape_free(self.layout_of(ins[0]), rows, cols)
@@ -465,6 +499,28 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             rows, cols = view2d(t.shape)
             self.layouts[o] = self._move_elems(o, srcs, np.asarray(m, I64), rows, cols, t.dtype)
         self.strategies[node.name or outs[0]] = f"{node.op} exchange"
+
+    def _split_free(self, node) -> bool:
+        """A Split of the last axis whose points are column-block edges of its input's layout: each output is those
+        blocks, in place (a fused projection's Q, K and V). False (nothing done) otherwise."""
+        x = node.inputs[0]
+        if all(o in self.layouts for o in node.outputs):  # its fused projection made its parts apart
+            self.strategies[node.name or node.outputs[0]] = "Split free (its parts were made apart)"
+            return True
+        if x in self.graph.constants or not _last_axis(node, self.types):
+            return False
+        src = self.layout_of(x)
+        points = np.concatenate([[0], np.cumsum(node.attrs["sizes"])])
+        at = np.searchsorted(src.col_cuts, points)
+        if src.cols != points[-1] or (at >= len(src.col_cuts)).any() or not np.array_equal(src.col_cuts[at], points):
+            return False
+        for o, j0, j1 in zip(node.outputs, at[:-1], at[1:]):
+            rows, cols = view2d(self.types[o].shape)
+            part = Layout(rows, cols, src.dtype, src.row_cuts, src.col_cuts[j0: j1 + 1] - src.col_cuts[j0],
+                          src.tiles[:, j0:j1], src.rel[:, j0:j1], src.buf)
+            self.layouts[o] = part
+        self.strategies[node.name or node.outputs[0]] = "Split free (column blocks of its input)"
+        return True
 
     # ------------------------------------------------------------------------------------------------ gather
     def _lower_gather(self, node) -> None:
@@ -503,7 +559,9 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.strategies[node.name or out] = f"embedding lookup, table columns over {len(tl)} tiles"
 
     # ------------------------------------------------------------------------------------------------ matmul
-    def _lower_linear(self, node) -> None:
+    def _lower_linear(self, node, col0: int = 0) -> None:
+        """col0: the node is one part of a fused projection (_fused_apart), its output that part's value, its weight
+        and bias columns from col0 on."""
         x, w = node.inputs[0], node.inputs[1]
         fp8 = node.op == "LinearFp8"  # inputs (x codes, w codes, w scale, bias): the quarter->half AMP path
         nb = 3 if fp8 else 2
@@ -515,10 +573,11 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             raise TremulaError(f"Linear {node.name}: the weight must be a 2-D constant")
         xt, wt = self.types[x], self.types[w]
         m, k = view2d(xt.shape)
-        n = wt.shape[1]
+        n = self.types[out].shape[-1]
         src = self.layout_of(x)
         # Column-block outputs suit only consumers that keep the layout (a unary op) or read K-slices (a matmul).
-        out_rows = not all(c.op in MATMULS or _unary(c) for c in self.consumers.get(out, []))
+        # (A Split on block edges, a fused projection's, passes column blocks on to the head views.)
+        out_rows = not all(c.op in MATMULS or _unary(c) or c.op == "Split" for c in self.consumers.get(out, []))
         even = src.even_col_parts  # n when the K cuts a matmul with pk = n makes are the operand's column blocks
         shape = SourceShape(int(np.diff(src.row_cuts).max()), int(np.diff(src.col_cuts).min()), out_rows, self.n_linear,
                             even)
@@ -540,6 +599,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             pn_fix = self.head_parts.get(out, 0) or self._panel_parts(out)
             st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape,
                                self.perm_fraction, pn_fix=pn_fix, pk_fix=pk_fix, partials=_partials(node))
+            if not col0 and self._fused_apart(node, st, m, k, shape, pk_fix):
+                return
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         # tile of (i, j, l) at index (i * pn + j) * pk + l
@@ -554,8 +615,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         def place(v, dtype, r0, r1, c0, c1):
             return self._weight_operand(f"{v}@{out}", v, dtype, tl, home, src_i, r0, r1, c0, c1)
 
-        wbuf, wrel = place(w, wt.dtype, kcuts[gl], kcuts[gl + 1], ncuts[gj], ncuts[gj + 1])
-        bias = place(b, self.types[b].dtype, 0, 1, ncuts[gj], ncuts[gj + 1]) if b is not None else None
+        wbuf, wrel = place(w, wt.dtype, kcuts[gl], kcuts[gl + 1], col0 + ncuts[gj], col0 + ncuts[gj + 1])
+        bias = place(b, self.types[b].dtype, 0, 1, col0 + ncuts[gj], col0 + ncuts[gj + 1]) if b is not None else None
         # The FP8 weight's scale (QUARTER metadata) is a one-byte operand next to each weight block.
         meta = place(node.inputs[2], "int8", 0, 1, 0, 1) if fp8 else None
         isz = np.dtype(xt.dtype).itemsize
@@ -570,6 +631,46 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.strategies[node.name or out] = str(st) + (" half partials" if _partials(node) == "half" else "")
         if pk > 1:
             self.split_sums[node.outputs[0]] = ("k", tuple(int(c) for c in kcuts))
+
+    def _fused_apart(self, node, st, m: int, k: int, shape: SourceShape, pk_fix: int) -> bool:
+        """A fused projection (passes/fuse_qkv.py) whose parts, each planned alone, cost fewer cycles than the whole:
+        lower each part as a Linear of its own over its weight columns, straight into its Split output (the Split
+        then moves nothing). The whole wins when its one gather and wider blocks pay (ViT-B/16 fp16 batch 8); under a
+        tight operand budget its wider output cut into more rounds than the parts' (SigLIP so400m fp8 batch 8: 12
+        against 2). The parts have equal shapes, so they make the same choice: the same K cuts, which the matched
+        reference follows as the whole node's (split_sums). Parts that attention does not read per head are always
+        made apart: the whole one's free column cuts need not fall on the Split's points, whose re-layout its price
+        leaves out. True when lowered so."""
+        out = node.outputs[0]
+        users = self.consumers.get(out, [])
+        if len(users) != 1 or users[0].op != "Split" or out in self.graph.outputs:
+            return False
+        parts = users[0].outputs
+        widths = {self.types[o].shape[-1] for o in parts}
+        if not _last_axis(users[0], self.types) or len(widths) != 1:
+            return False
+        n = widths.pop()
+        headed = all(o in self.head_parts for o in parts)
+        one = choose_linear(self.chip, m, k, n, self.types[node.inputs[0]].dtype, self.pm_max, self.temp_fraction,
+                            shape, self.perm_fraction, pn_fix=self.head_parts.get(parts[0], 0), pk_fix=pk_fix,
+                            partials=_partials(node))
+        if headed and (one.over, len(parts) * one.cycles) >= (st.over, st.cycles):
+            return False
+        name = node.name or out
+        first = len(self.steps)
+        for j, value in enumerate(parts):
+            self._lower_linear(Node(node.op, list(node.inputs), [value], dict(node.attrs), f"{name}.{j}"), j * n)
+        for step in self.steps[first:]:  # attributed to the fused node's output, as its steps when made whole
+            if step.origin is not None and step.origin.value in parts:
+                step.origin = dataclasses.replace(step.origin, value=out)
+        cuts = {self.split_sums.pop(v, None) for v in parts}
+        assert len(cuts) == 1, cuts  # equal parts, equal choices
+        cut = cuts.pop()
+        if cut is not None:
+            self.split_sums[out] = cut
+        self.strategies[name] = (f"{len(parts)} projections apart (~{len(parts) * one.cycles} cycles against "
+                                 f"~{st.cycles} as one)")
+        return True
 
     def _weight_operand(self, name: str, const: str, dtype: str, tl, home, src_i, r0, r1, c0, c1):
         """Block [r0:r1, c0:c1] of a constant for every tile of a matmul: (buffer, offset) per tile. Resident on
@@ -818,6 +919,12 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
 def _partials(node) -> str:
     """What a matmul node accumulates in: "half" when passes/precision.with_partials marked it, else "float"."""
     return "half" if node.attrs.get("partials") == "half" else "float"
+
+
+def _last_axis(split, types) -> bool:
+    """A Split of its input's last axis (the columns of its 2-D view)."""
+    rank = len(types[split.inputs[0]].shape)
+    return rank > 0 and _norm_axis(split.attrs.get("axis", 0), rank) == rank - 1
 
 
 def _unary(node) -> bool:

@@ -19,6 +19,10 @@ TEMP_FRACTION = 0.12  # of a tile's SRAM that one op's gathered operand block ma
 # of a tile's SRAM that one op's temporaries (gathered operand, partials, received slices, output) may take; scaled
 # down with temp_fraction when the compiler retries with smaller blocks
 BUFFER_FRACTION = 0.2
+# of what a tile has left after code and one copy of the weights, that one op's temporaries may take in the first,
+# fastest plan (lower_ops.free_temp_fraction): the other half holds the live activations and the next op's operands.
+# A planner heuristic, not a chip fact: plans that do not fit are retried with the fixed fractions above.
+FREE_SHARE = 0.5
 # of a tile's SRAM that one block of a row-layout activation may take (more row parts beyond that)
 ROW_BLOCK_FRACTION = 0.02
 # of a tile's SRAM that one matmul's weight block may take: weights are placed block by block on the least-loaded

@@ -1,0 +1,104 @@
+"""Projections of one input fused into one Linear and a Split (passes/fuse_qkv.py), the near misses that must stay
+apart, and the planner's in-place Split of the fused output (plan/lower_ops.py)."""
+
+import numpy as np
+import pytest
+
+from tremula.ir import GraphBuilder, infer_types, run
+from tremula.passes import canonicalize, fuse_qkv
+from tremula.plan.lower_ops import Lowerer
+from tremula.target.chip import load_chip
+
+RNG = np.random.default_rng(7)
+
+
+def _randn(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _projections(widths=(8, 8, 8), bias=(True, True, True), lazy=False, other_input=False):
+    b = GraphBuilder("qkv", seed=3)
+    x = b.input("x", (2, 5, 8))
+    z = b.input("z", (2, 5, 8)) if other_input else x
+    for i, (n, has_b) in enumerate(zip(widths, bias)):
+        w = b.param(f"w{i}", (8, n)) if lazy else b.const(f"w{i}", _randn(8, n))
+        ins = [z if (other_input and i == 2) else x, w] + ([b.const(f"b{i}", _randn(n))] if has_b else [])
+        b.output(b.op("Linear", ins), f"y{i}")
+    return b.build()
+
+
+def _same(g, f):
+    infer_types(f)
+    feeds = {n: _randn(*g.types[n].shape) for n in g.inputs}
+    want, got = run(g, feeds), run(f, feeds)
+    for k in want:  # column blocks of one product: the same sums, so the same bits
+        assert np.array_equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_three_projections_become_one_linear_and_a_split(lazy):
+    g = _projections(lazy=lazy)
+    f = fuse_qkv(g)
+    assert [n.op for n in f.nodes if n.op != "Identity"] == ["Linear", "Split"]
+    lin, split = f.nodes[:2]
+    assert f.types[lin.inputs[1]].shape == (8, 24) and f.types[lin.inputs[2]].shape == (24,)
+    assert split.outputs == [n.outputs[0] for n in g.nodes if n.op == "Linear"]
+    assert split.attrs == {"axis": 2, "sizes": [8, 8, 8]}
+    # the joined weights are made when first needed, and fusing made none of the parts
+    assert f.constants[lin.inputs[1]].is_lazy
+    assert [g.constants[n.inputs[1]].is_lazy for n in g.nodes if n.op == "Linear"] == [lazy] * 3
+    _same(g, f)
+
+
+@pytest.mark.parametrize("miss", ["widths", "bias", "input"])
+def test_projections_that_differ_stay_apart(miss):
+    kw = {"widths": {"widths": (8, 8, 4)}, "bias": {"bias": (True, True, False)},
+          "input": {"other_input": True}}[miss]
+    f = fuse_qkv(_projections(**kw))
+    linears = [n for n in f.nodes if n.op == "Linear"]
+    # the two alike are fused, the odd one stays a Linear of its own
+    assert len(linears) == 2 and [n.op for n in f.nodes].count("Split") == 1
+
+
+def test_canonical_bert_fuses_q_k_v_and_the_planner_splits_in_place():
+    from tremula.frontends import load_model
+
+    g = canonicalize(load_model("bert-tiny", 2))
+    splits = [n for n in g.nodes if n.op == "Split"]
+    assert len(splits) == 2  # one per layer
+    state = Lowerer(g, load_chip("c600")).lower()
+    for s in splits:
+        fused = state.layouts[s.inputs[0]]
+        assert state.strategies[s.name] == "Split free (column blocks of its input)"
+        for o in s.outputs:  # Q, K and V are column blocks of the fused output, on its tiles, in its buffer
+            part = state.layouts[o]
+            assert part.buf == fused.buf and part.cols == 32
+            assert set(part.tiles.reshape(-1)) <= set(fused.tiles.reshape(-1))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp8"])
+def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype):
+    """When its parts cost less apart (made so here by pricing the whole one high), the fused projection is lowered
+    as one Linear per part straight into the Split's outputs, and the Program still computes the model."""
+    from dataclasses import replace
+
+    import tremula.plan.lower_ops as lower_ops
+    from tremula.check import check_model
+
+    real = lower_ops.choose_linear
+
+    def whole_is_dear(chip, m, k, n, *args, **kwargs):
+        st = real(chip, m, k, n, *args, **kwargs)
+        return replace(st, cycles=10**9) if n == 96 else st  # bert-tiny's fused Q, K and V: 3 x 32 columns
+
+    monkeypatch.setattr(lower_ops, "choose_linear", whole_is_dear)
+    res = check_model("bert-tiny", "c600", 2, dtype)
+    assert res.passed, res.outputs
+    apart = [k for k, v in res.compile.strategies.items() if "projections apart" in v]
+    assert len(apart) == 2 and all(res.compile.strategies[a + ".0"].startswith("linear") for a in apart)
+    assert sum("its parts were made apart" in v for v in res.compile.strategies.values()) == 2
+    # its steps are the fused projection's in the reports, not the Split's
+    fused = {n.outputs[0] for n in res.compile.graph.nodes if n.name in apart}
+    values = {s.origin.value for s in res.compile.program.steps
+              if s.origin is not None and s.origin.op.startswith("Linear")}
+    assert fused <= values

@@ -1,11 +1,21 @@
 """Half partials (numerics/amp.py): the running sum rounded to half after every group of K, in the reference and the
-codelets alike, and a split-K sum in half in part order."""
+codelets alike, and a split-K sum in half in part order. Every test runs twice: on NumPy's passes and on the compiled
+kernels of numerics/jit.py (when numba is installed), which must give the same bits."""
 
 import numpy as np
 import pytest
 
 from tremula.codelets import codelet
+from tremula.numerics import jit
 from tremula.numerics.amp import half_partials_matmul
+
+
+@pytest.fixture(params=[False, True], ids=["numpy", "jit"], autouse=True)
+def kernels(request, monkeypatch):
+    if request.param and jit.numba is None:
+        pytest.skip("numba is not installed (pip install tremula[fast]): the compiled kernels are not there to test")
+    monkeypatch.setattr(jit, "ENABLED", request.param)
+    return request.param
 
 
 def _slow(x, w, group):
@@ -108,3 +118,32 @@ def test_half_conversions_are_numpys_casts():
     v = np.concatenate([f[finite], nans, np.float32([np.inf, -np.inf])])
     out = np.empty(v.shape, np.float16)
     assert to_half(v, out) is out and out.view(np.uint16).tobytes() == v.astype(np.float16).view(np.uint16).tobytes()
+
+
+def test_scaled_add_and_round_is_numpys_passes(kernels):
+    """acc = round(acc + p x scale) with one scale, one per entry and none: the FP8 AMP's step (a power of two
+    scale) and the split-K sums' (none), on random magnitudes from tiny to past half's range, NaN and inf."""
+    from tremula.numerics.amp import half_partial_sums, saturate_round_half
+
+    rng = np.random.default_rng(6)
+    acc = (rng.standard_normal((6, 7, 50)) * 10.0 ** rng.uniform(-9, 6, (6, 7, 50))).astype(np.float32)
+    p = (rng.standard_normal(acc.shape) * 10.0 ** rng.uniform(-9, 6, acc.shape)).astype(np.float32)
+    acc.reshape(-1)[:6] = [np.nan, np.inf, -np.inf, -0.0, 65504, -65520]
+    for scale in (None, np.float32(0.125), (2.0 ** rng.integers(-6, 6, (6, 1, 1))).astype(np.float32)):
+        want = acc + (p if scale is None else p * scale)
+        with np.errstate(invalid="ignore"):
+            jit_enabled, jit.ENABLED = jit.ENABLED, False
+            saturate_round_half(want)
+            jit.ENABLED = jit_enabled
+            got = acc.copy()
+            assert jit.add_round_half(got, p, scale) == kernels
+        if kernels:
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    x = rng.standard_normal((3, 5, 64)).astype(np.float32)
+    w = rng.standard_normal((3, 64, 4)).astype(np.float32)
+    sc = np.float32([[[0.5]], [[4.0]], [[2.0 ** -20]]])
+    got = half_partial_sums(x, w, 16, sc)
+    want = np.zeros_like(got)
+    for k0 in range(0, 64, 16):
+        want = (want + (x[..., k0:k0 + 16] @ w[..., k0:k0 + 16, :]) * sc).astype(np.float16).astype(np.float32)
+    assert got.tobytes() == want.tobytes()

@@ -13,6 +13,7 @@ import numpy as np
 
 from tremula.codelets import first, register
 from tremula.numerics.amp import half_partial_sums, saturate_round_half, to_half, widen
+from tremula.numerics.jit import add_round_half
 from tremula.target import cost_terms
 
 
@@ -112,7 +113,7 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
                 part[ours] = own32[ours]
             if s is None:
                 s, a, b = part, np.empty_like(part), np.empty_like(part)
-            else:
+            elif not add_round_half(s, part):  # (one pass when numba is there; else NumPy's passes)
                 s += part
                 saturate_round_half(s, a, b)
         s = s.reshape(own.shape)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tremula.numerics import jit
+
 F16_MAX = float(np.finfo(np.float16).max)
 AMP_BLOCK = 1 << 16  # accumulator elements per block of rows: its running sum and products stay in the L2 cache
 
@@ -30,7 +32,9 @@ def saturate_round_half(v: np.ndarray, a: np.ndarray | None = None, m: np.ndarra
     and `m` are scratch arrays of v's shape (made when not given: a loop passes its own, so no pass allocates). The
     same bits as abs / min / binade / add / sub / copysign (NumPy's copysign is not SIMD: 6x an add) for all 2**32
     float32 patterns. The simulator's quarter and half-partials matmuls, their split-K sums and the reference all
-    round with this."""
+    round with this (numerics/jit.py does it in one pass when numba is installed)."""
+    if jit.round_half(v):
+        return v
     a = np.empty_like(v) if a is None else a
     m = np.empty_like(v) if m is None else m
     vb, ab, mb = v.view(np.uint32), a.view(np.uint32), m.view(np.uint32)
@@ -69,6 +73,8 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
         for k0 in range(0, x.shape[-1], group):
             p = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :], out=part) if matmul is np.matmul else \
                 matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
+            if jit.add_round_half(ob, p, sb):  # (one pass; else the same sums in NumPy's passes)
+                continue
             if sb is not None:
                 p *= sb
             ob += p
@@ -83,7 +89,10 @@ def from_half(h: np.ndarray) -> np.ndarray:
     """float16 -> float32, exact, as h.astype(np.float32) but in a few SIMD passes (NumPy's half casts run one element
     at a time) over cache-sized chunks: the half's bits, sign-extended and shifted into float32's fields, are its value
     / 2**112 (half subnormals land on float32 subnormals), and the multiply by 2**112 is exact. inf and NaN, which
-    would come out finite (from 2**16 up), take NumPy's cast."""
+    would come out finite (from 2**16 up), take NumPy's cast. (numerics/jit.py: one pass.)"""
+    f = jit.from_half(h)
+    if f is not None:
+        return f
     f = np.empty(h.shape, np.float32)
     hi, fi = np.ascontiguousarray(h).view(np.int16).reshape(-1), f.view(np.int32).reshape(-1)
     for c in range(0, hi.size, AMP_BLOCK):
@@ -102,8 +111,12 @@ def to_half(v: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 half values or quiet NaNs (what saturate_round_half leaves) -> float16 (into `out` when given), the bits
     v.astype(np.float16) gives them, in a few SIMD passes over cache-sized chunks: v / 2**112 (exact) has the half's
     exponent and mantissa in its bits >> 13; the sign moves from bit 18 to 15. (A signalling NaN would come out
-    quiet.)"""
+    quiet.) (numerics/jit.py: one pass.)"""
     res = np.empty(v.shape, np.float16) if out is None or not out.flags.c_contiguous else out
+    if jit.to_half(v, res):
+        if out is not None and res is not out:
+            out[...] = res
+        return res if out is None else out
     vf, ru = np.ascontiguousarray(v, np.float32).reshape(-1), res.view(np.uint16).reshape(-1)
     t = np.empty(min(vf.size, AMP_BLOCK), np.float32)
     tu, s = t.view(np.uint32), np.empty(len(t), np.uint32)

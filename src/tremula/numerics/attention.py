@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula.numerics.amp import half_partial_sums, saturate_round_half
+from tremula.numerics.amp import half_partial_sums, saturate_round_half, widen
 
 MatMul = np.matmul
 
@@ -28,11 +28,16 @@ def _acc(x: np.ndarray) -> np.dtype:
     return np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
 
 
+def _wide(x: np.ndarray) -> np.ndarray:
+    """x in its accumulation type: half widened exactly (amp.widen: not NumPy's element-at-a-time half cast)."""
+    return widen(x) if x.dtype == np.float16 else x
+
+
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable softmax over `axis` in float32 for half input (wider types stay); a row of all -inf gives
     zeros, not NaN from inf - inf. The float path here, the Softmax rule (ir/ops.py) and the softmax codelet
     (codelets/norm.py) all compute it so."""
-    acc = x.astype(np.float32) if x.dtype == np.float16 else x
+    acc = _wide(x)
     top = np.max(acc, axis=axis, keepdims=True)
     e = np.exp(acc - np.where(np.isfinite(top), top, 0))
     total = np.sum(e, axis=axis, keepdims=True)
@@ -44,7 +49,7 @@ def scores(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None =
     """q @ kᵀ x scale (+ mask), keys not `allowed` (a boolean mask broadcasting to the scores) at -inf: float32 for
     half inputs (float64 stays float64); with `group`, the values are half values."""
     acc = _acc(q)
-    qa, ka = q.astype(acc, copy=False), np.swapaxes(k.astype(acc, copy=False), -1, -2)
+    qa, ka = _wide(q), np.swapaxes(_wide(k), -1, -2)
     if group:
         s = half_partial_sums(qa, ka, group, matmul=mm)
         s *= acc.type(scale)
@@ -84,7 +89,7 @@ def probabilities(s: np.ndarray, half: bool = False) -> np.ndarray:
 
 def weighted_values(p: np.ndarray, v: np.ndarray, group: int = 0, mm=MatMul) -> np.ndarray:
     """p @ v: float32 sums (half inputs widened), or half partials over keys in groups of `group`."""
-    va = v.astype(_acc(v), copy=False)
+    va = _wide(v)
     return half_partial_sums(p, va, group, matmul=mm) if group else mm(p, va)
 
 

@@ -316,6 +316,7 @@ class Machine:
                     self._scatter(flat[grp], blocks)
 
     def host_in(self, feeds: dict[str, np.ndarray]) -> None:
+        flats: dict[tuple[str, str], np.ndarray] = {}  # each input in a stream's dtype once, not once per stream
         for s in self.p.host_in:
             shape, _ = self.p.io_types[s.name]
             if s.name not in feeds:
@@ -323,7 +324,9 @@ class Machine:
             x = np.asarray(feeds[s.name])
             if tuple(x.shape) != tuple(shape):
                 raise TremulaError(f"input {s.name!r} has shape {tuple(x.shape)}, the program expects {tuple(shape)}")
-            flat = np.ascontiguousarray(x.astype(s.dtype)).reshape(-1)
+            flat = flats.get((s.name, s.dtype))
+            if flat is None:
+                flat = flats[(s.name, s.dtype)] = np.ascontiguousarray(x.astype(s.dtype)).reshape(-1)
             isz = np.dtype(s.dtype).itemsize
             r = np.arange(s.rows, dtype=np.int64)
             e0 = s.elem_offset + r * s.elem_stride

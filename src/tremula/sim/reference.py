@@ -27,6 +27,7 @@ from tremula.ir.graph import Graph, Node
 from tremula.ir.interp import run
 from tremula.ir.ops import RefRule
 from tremula.numerics.amp import half_partial_sums, saturate_round_half
+from tremula.numerics.jit import add_round_half
 
 SplitSums = Mapping[str, tuple[str, tuple[int, ...]]]  # node output -> ("k" | "columns" | "keys", cuts): plan/state.py
 
@@ -83,9 +84,9 @@ def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = 
         for p in parts:  # in part order (in place: the same sums as s + p, without a copy per part)
             if s is None:
                 s = np.array(p, dtype=np.float32)
-            else:
+            elif not (half and add_round_half(s, p)):  # reduce_partials sums half partials in half
                 s += p
-                if half:  # reduce_partials sums half partials in half
+                if half:
                     saturate_round_half(s)
         y = s.astype(out_dt, copy=False)
         if bias is not None:

@@ -1,0 +1,146 @@
+"""Compiled kernels (numba, optional): the half rounding of numerics/amp.py in one pass instead of seven.
+
+NumPy rounds a float32 array to half values in seven whole-array passes (saturate_round_half), and the half-partials
+matmul does that after every 16 input channels, so the simulator's fp16 and FP8 matmuls spend most of their time
+there. These kernels do the same float32 operations on each element in registers, in the same order, so they give
+the same bits (tests/unit/test_jit.py pins them against the NumPy passes on special and random values): no fast-math,
+so the compiler neither reassociates nor fuses a multiply and an add.
+
+numba is an optional dependency (`pip install tremula[fast]`): without it, or with TREMULA_NO_JIT=1 in the
+environment, ENABLED is False and the callers run their NumPy passes. Kernels are compiled on first use and cached
+on disk (numba's cache=True), so a process pays the compile once per machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:  # (numba is an extra; ImportError covers its absence, the rest a numba that does not fit this NumPy)
+    import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+except Exception:  # pragma: no cover - depends on the installation
+    numba = None
+
+ENABLED = numba is not None and not os.environ.get("TREMULA_NO_JIT")
+
+_EXP, _SIGN = np.uint32(0x7F800000), np.uint32(0x80000000)
+_LO, _HI = np.float32(2.0**-14), np.float32(2.0**15)  # as amp._BINADES
+_MAGIC = np.float32(1.5 * 2.0**13)
+_MAX, _NMAX = np.float32(65504.0), np.float32(-65504.0)
+
+if numba is not None:
+
+    @intrinsic
+    def _bits(typingctx, x):
+        """A float32's bits as uint32 (a register move, not a conversion)."""
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], ir.IntType(32))
+        return types.uint32(types.float32), codegen
+
+    @intrinsic
+    def _float(typingctx, x):
+        """uint32 bits as the float32 they encode."""
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], ir.FloatType())
+        return types.float32(types.uint32), codegen
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _round_half(v):
+        """amp.saturate_round_half of one float32: the same operations, so the same bits (NaN stays NaN: its
+        comparisons are false, as in NumPy's clip)."""
+        m = _float(_bits(v) & _EXP)
+        m = _LO if m < _LO else m
+        m = _HI if m > _HI else m
+        m = m * _MAGIC
+        a = (v + m) - m
+        a = _MAX if a > _MAX else a
+        a = _NMAX if a < _NMAX else a
+        return _float(_bits(a) | (_bits(v) & _SIGN))
+
+    @numba.njit(cache=True, nogil=True)
+    def _round_rows(v):
+        for i in range(v.size):
+            v[i] = _round_half(v[i])
+
+    @numba.njit(cache=True, nogil=True)
+    def _add_round_rows(acc, p, scale):
+        # acc [rows, n] += p [rows, n] * scale [rows], each sum rounded to half (a multiply by 1 is exact)
+        for r in range(acc.shape[0]):
+            s = scale[r]
+            for i in range(acc.shape[1]):
+                acc[r, i] = _round_half(acc[r, i] + p[r, i] * s)
+
+
+def _flat32(a: np.ndarray) -> bool:
+    return a.dtype == np.float32 and a.flags.c_contiguous
+
+
+def round_half(v: np.ndarray) -> bool:
+    """saturate_round_half(v) in place in one pass; False (nothing done) when the kernel cannot take v."""
+    if not ENABLED or not _flat32(v):
+        return False
+    _round_rows(v.reshape(-1))
+    return True
+
+
+def add_round_half(acc: np.ndarray, p: np.ndarray, scale=None) -> bool:
+    """acc = saturate_round_half(acc + p * scale) in place in one pass, scale None, one number, or one per entry of
+    acc's first axis (broadcasting over the rest); False (nothing done) when the kernel cannot take the arrays."""
+    if not ENABLED or not _flat32(acc) or not _flat32(p) or acc.shape != p.shape or acc.ndim == 0:
+        return False
+    rows = len(acc)
+    if scale is None or np.ndim(scale) == 0:
+        if scale is not None and np.float32(scale) != scale:  # (the NumPy path multiplies in scale's type)
+            return False
+        s = np.full(rows, 1.0 if scale is None else scale, np.float32)
+    else:
+        s = np.asarray(scale, np.float32)
+        if s.size != rows or np.asarray(scale).dtype != np.float32:
+            return False
+        s = s.reshape(rows)
+    _add_round_rows(acc.reshape(rows, -1), p.reshape(rows, -1), s)
+    return True
+
+
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True)
+    def _from_half_bits(h, f):
+        # amp.from_half's integer passes on each element: sign-extend, shift into float32's fields, rebias; False when
+        # an inf or NaN came out finite (from 2**16 up), which the caller leaves to NumPy's cast
+        ok = True
+        for i in range(h.size):
+            v = _float(np.uint32((np.int32(h[i]) << 13) & np.int32(-0x70002000))) * np.float32(2.0**112)
+            ok = ok and -65536.0 < v < 65536.0
+            f[i] = v
+        return ok
+
+    @numba.njit(cache=True, nogil=True)
+    def _to_half_bits(v, out):
+        # amp.to_half's passes on each element: v / 2**112 holds the half's exponent and mantissa in bits >> 13
+        for i in range(v.size):
+            t = _bits(v[i] * np.float32(2.0**-112))
+            out[i] = np.uint16(((t >> 13) & 0x7FFF) | ((t >> 16) & 0x8000))
+
+
+def from_half(h: np.ndarray) -> np.ndarray | None:
+    """amp.from_half in one pass: float16 -> float32, or None when the kernel cannot take h (or h holds inf/NaN)."""
+    if not ENABLED or h.dtype != np.float16:
+        return None
+    f = np.empty(h.shape, np.float32)
+    if not _from_half_bits(np.ascontiguousarray(h).view(np.int16).reshape(-1), f.reshape(-1)):
+        return None
+    return f
+
+
+def to_half(v: np.ndarray, out: np.ndarray) -> bool:
+    """amp.to_half into `out` (float16, C-contiguous, v's shape) in one pass; False when the kernel cannot take them."""
+    if not ENABLED or v.dtype != np.float32 or out.dtype != np.float16 or not out.flags.c_contiguous \
+            or v.shape != out.shape:
+        return False
+    _to_half_bits(np.ascontiguousarray(v).reshape(-1), out.view(np.uint16).reshape(-1))
+    return True

@@ -74,6 +74,24 @@ def test_simulator_matches_plain_execution_bit_for_bit(model, dtype, batch):
         assert got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes(), k
 
 
+@pytest.mark.parametrize("model,dtype,batch", [("bert-tiny", "fp16", 2), ("vit-tiny", "fp8", 4)])
+def test_compiled_kernels_give_numpys_bits_on_whole_models(model, dtype, batch, monkeypatch):
+    """numerics/jit.py's one-pass kernels against NumPy's passes, on every step of a whole simulated model."""
+    from tremula.numerics import jit
+
+    if jit.numba is None:
+        pytest.skip("numba is not installed (pip install tremula[fast]): the compiled kernels are not there to test")
+    chip = _fp8_tiny16() if dtype == "fp8" else load_chip(TINY16)
+    res = compile_model(model, chip, batch, dtype)
+    feeds = make_feeds(res.graph, seed=4)
+    runs = []
+    for enabled in (True, False):
+        monkeypatch.setattr(jit, "ENABLED", enabled)
+        runs.append(simulate(res.program, res.graph, feeds))
+    for k in runs[1]:
+        assert runs[0][k].tobytes() == runs[1][k].tobytes(), k
+
+
 @pytest.mark.parametrize("nan", [False, True])
 def test_amp_matmul_stack_is_the_reference_per_vertex(nan):
     """The stacked, blocked FP8 accumulation against numerics' amp_fp8_matmul on each vertex alone, with and without

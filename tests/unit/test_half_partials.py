@@ -147,3 +147,26 @@ def test_scaled_add_and_round_is_numpys_passes(kernels):
     for k0 in range(0, 64, 16):
         want = (want + (x[..., k0:k0 + 16] @ w[..., k0:k0 + 16, :]) * sc).astype(np.float16).astype(np.float32)
     assert got.tobytes() == want.tobytes()
+
+
+def test_cast_to_half_is_numpys_cast(kernels):
+    """amp.half / amp.store (the codelets' float32 -> half stores): NumPy's astype bits on random float32 patterns
+    (quiet NaNs only: a signalling one comes out quiet), the ties between halves, overflow to inf and the subnormals."""
+    from tremula.numerics.amp import half, store
+
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    nan = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    bits[nan] |= np.uint32(0x00400000)  # quiet
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = np.sort(h[np.isfinite(h)].astype(np.float32))
+    mid = ((h[1:].astype(np.float64) + h[:-1]) / 2).astype(np.float32)
+    edges = np.float32([65504, 65519.99, 65520, -65520, 1e9, -np.inf, 2.0**-25, -(2.0**-25), 1.5 * 2.0**-24, -0.0])
+    v = np.concatenate([bits.view(np.float32), h, mid, np.nextafter(mid, np.float32(np.inf)), edges]).reshape(2, -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = v.astype(np.float16)
+        got = half(v)
+        out = np.empty_like(want)
+        store(out, v)
+    assert got.dtype == np.float16 and got.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+    assert out.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()

@@ -126,3 +126,13 @@ def test_patchify_matches_conv_with_stride_equal_kernel():
     (p,) = OPS["Patchify"].ref([x], {"patch": (4, 4)})
     lin = p @ w.reshape(5, -1).T  # [B, N, O]
     np.testing.assert_allclose(lin, conv.reshape(2, 5, -1).transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_moves_of_a_scalar_stay_scalars():
+    """Transpose and Expand of a 0-d tensor give a 0-d result, as onnxruntime does (np.ascontiguousarray, which they
+    used, turns a 0-d array into shape (1,): the fuzz test found it)."""
+    x = np.array(-4, np.int64)
+    for op, attrs in (("Transpose", {}), ("Expand", {"shape": ()})):
+        (y,) = OPS[op].ref([x], attrs)
+        assert y.shape == () and y == -4, op
+        assert OPS[op].infer([TensorType((), "int64")], attrs)[0].shape == ()

@@ -20,6 +20,7 @@ from functools import partial
 import numpy as np
 
 from tremula.codelets import column, first, i2f, register
+from tremula.numerics.amp import store, widen
 from tremula.numerics.attention import exp_shifted, probabilities, scores, weighted_values
 from tremula.target import cost_terms
 
@@ -45,7 +46,7 @@ def _attention(ops, params) -> None:
     q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
     group = first(params, GROUP["attention"])
     s = _scores(q, k, ops[3] if first(params, 0) else None, params, 0, group)
-    out[...] = weighted_values(probabilities(s, bool(group)), v, group).astype(out.dtype, copy=False)
+    store(out, weighted_values(probabilities(s, bool(group)), v, group))
 
 
 def _attention_cycles(chip, params, shapes, dtypes, group_col: int) -> int:
@@ -72,7 +73,7 @@ def _attention_partial(ops, params) -> None:
     group = first(params, GROUP["attention_partial"])
     s = _scores(q, k, ops[3] if first(params, 0) else None, params, column(params, 6), group)
     p, top, total = exp_shifted(s, bool(group))  # a block with every key masked contributes p = 0
-    pv[...] = weighted_values(p, v, group).astype(pv.dtype, copy=False)
+    store(pv, weighted_values(p, v, group))
     stats[..., 0:1] = top
     stats[..., 1:2] = total
 
@@ -81,8 +82,8 @@ def _attention_combine(ops, params) -> None:
     # params: (blocks,). operands: `blocks` p @ v partials [r, dv], then `blocks` stats [r, 2] (attention_partial's),
     # out [r, dv]; combined in float32
     nb = first(params, 0)
-    pv = np.stack([o.astype(np.float32) for o in ops[:nb]])
-    st = np.stack([o.astype(np.float32) for o in ops[nb: 2 * nb]])
+    pv = np.stack([widen(o) for o in ops[:nb]])
+    st = np.stack([widen(o) for o in ops[nb: 2 * nb]])
     m = st[..., 0:1]
     top = np.max(m, axis=0)
     w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
@@ -92,7 +93,7 @@ def _attention_combine(ops, params) -> None:
     for b in range(1, nb):
         num += w[b] * pv[b]
         den += w[b] * st[b, ..., 1:2]
-    ops[-1][...] = (num / den).astype(ops[-1].dtype)
+    store(ops[-1], num / den)
 
 
 def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:

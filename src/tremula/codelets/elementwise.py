@@ -11,6 +11,7 @@ import numpy as np
 
 from tremula.codelets import first, register
 from tremula.ir.ops import OPS
+from tremula.numerics.amp import store
 from tremula.target import cost_terms
 
 
@@ -50,14 +51,14 @@ def _unary(ops, params) -> None:
     x, out = ops
     op = first(params, 0)
     if op in (UNARY_IDS["Gelu"], UNARY_IDS["Erf"]):  # fast and exact already (numerics/erf.py)
-        out[...] = np.asarray(_UNARY_FNS[op](x)).astype(out.dtype, copy=False)
+        store(out, _UNARY_FNS[op](x))
         return
     if x.dtype == np.float16 and x.size > 1 << 16:
         # A half input has 65536 values: the op's result for each, computed once with the same formula, is looked up
         # by the input's bits (the same bits as evaluating it here, at a fraction of the float64 work).
         out[...] = _table(op, x.dtype, out.dtype)[x.view(np.uint16)]
         return
-    out[...] = np.asarray(_UNARY_FNS[op](x)).astype(out.dtype, copy=False)
+    store(out, _UNARY_FNS[op](x))
 
 
 def _unary_cycles(chip, params, shapes, dtypes) -> int:
@@ -67,7 +68,7 @@ def _unary_cycles(chip, params, shapes, dtypes) -> int:
 
 def _binary(ops, params) -> None:
     a, b, out = ops
-    out[...] = np.asarray(_BINARY_FNS[first(params, 0)](a, b)).astype(out.dtype, copy=False)
+    store(out, _BINARY_FNS[first(params, 0)](a, b))
 
 
 def _binary_cycles(chip, params, shapes, dtypes) -> int:
@@ -77,7 +78,7 @@ def _binary_cycles(chip, params, shapes, dtypes) -> int:
 
 def _where(ops, params) -> None:
     c, a, b, out = ops
-    out[...] = np.where(c, a, b).astype(out.dtype, copy=False)
+    store(out, np.where(c, a, b))
 
 
 def _where_cycles(chip, params, shapes, dtypes) -> int:

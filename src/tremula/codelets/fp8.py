@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.numerics.amp import F16_MAX, half_partial_sums
+from tremula.numerics.amp import F16_MAX, half_partial_sums, store
 from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, dequantize, quantize
 from tremula.target import cost, cost_terms
 
@@ -104,7 +104,7 @@ def _matmul_fp8(ops: list[np.ndarray], params) -> None:
     y = amp_matmul_stack(x, w, FORMATS[xf], FORMATS[wf], xs, wscale.reshape(len(x), -1)[:, :1, None], group)
     if has_bias:
         y = y + ops[3].astype(np.float32)
-    out[...] = (y[0] if single else y).astype(out.dtype)
+    store(out, y[0] if single else y)
 
 
 def _matmul_fp8_cycles(chip, params, shapes, dtypes) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.numerics.amp import half_partial_sums, saturate_round_half, to_half, widen
+from tremula.numerics.amp import half, half_partial_sums, saturate_round_half, to_half, widen
 from tremula.numerics.jit import add_round_half
 from tremula.target import cost_terms
 
@@ -32,10 +32,6 @@ def partials_of(codelet_name: str, params) -> str:
     return "half" if j is not None and _param(params, j) else "float"
 
 
-def _acc(dtype) -> type:
-    return np.float32 if dtype == np.float16 else dtype
-
-
 def _half_stack(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
     """Half partials of a stack of vertices (one vertex run alone is a stack of one, so it takes the same BLAS calls
     and gives the same bits as inside a stack: a group's float32 sum depends on the kernel that forms it)."""
@@ -52,8 +48,8 @@ def _matmul(ops: list[np.ndarray], params) -> None:
         y = _half_stack(x, w, group)
         y = to_half(y) if out.dtype == np.float16 else y.astype(out.dtype)
     else:
-        acc = _acc(x.dtype)
-        y = np.matmul(x.astype(acc, copy=False), w.astype(acc, copy=False)).astype(out.dtype, copy=False)
+        y = np.matmul(widen(x), widen(w)) if x.dtype == np.float16 else np.matmul(x, w.astype(x.dtype, copy=False))
+        y = half(y) if out.dtype == np.float16 else y.astype(out.dtype, copy=False)
     if first(params, 0):
         y = (y + ops[2]).astype(out.dtype)
     out[...] = y
@@ -127,7 +123,7 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
         s = own.astype(np.float32)  # (a copy: summed in place)
         for q in range(n_parts - 1):
             s += recv[..., q * m: (q + 1) * m, :].astype(np.float32, copy=False)
-    y = s.astype(out.dtype, copy=False)
+    y = half(s) if out.dtype == np.float16 else s.astype(out.dtype, copy=False)
     if has_bias:
         y = (y + ops[2]).astype(out.dtype)
     out[...] = y

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, i2f, register
+from tremula.numerics.amp import store, widen
 from tremula.numerics.attention import softmax
 from tremula.target import cost_terms
 
@@ -15,13 +16,13 @@ from tremula.target import cost_terms
 def _layernorm(ops, params) -> None:
     # params: (eps as float64 bits, has_bias). operands: x [r,c], gamma [1,c], (beta [1,c]), out [r,c]
     x, g, out = ops[0], ops[1], ops[-1]
-    acc = x.astype(np.float32) if x.dtype == np.float16 else x
+    acc = widen(x) if x.dtype == np.float16 else x
     mu = acc.mean(axis=-1, keepdims=True)
     var = ((acc - mu) ** 2).mean(axis=-1, keepdims=True)
     y = (acc - mu) / np.sqrt(var + np.asarray(i2f(first(params, 0)), acc.dtype)) * g.astype(acc.dtype)
     if first(params, 1):
         y = y + ops[2].astype(acc.dtype)
-    out[...] = y.astype(out.dtype)
+    store(out, y)
 
 
 def _layernorm_cycles(chip, params, shapes, dtypes) -> int:
@@ -32,7 +33,7 @@ def _layernorm_cycles(chip, params, shapes, dtypes) -> int:
 def _ln_moments(ops, params) -> None:
     # LayerNorm over column blocks, step 1. operands: x [r,w], out [r,2] float32 = (mean, M2) of each row of the block
     x, out = ops
-    acc = x.astype(np.float32)
+    acc = widen(x)
     mu = acc.mean(axis=-1, keepdims=True)
     out[..., 0:1] = mu
     out[..., 1:2] = ((acc - mu) ** 2).sum(axis=-1, keepdims=True)
@@ -57,11 +58,11 @@ def _ln_apply(ops, params) -> None:
     mu_p, m2_p = m[..., 0], m[..., 1]  # [.., parts, r]
     mean = (n * mu_p).sum(axis=-2) / np.float32(cols)
     var = (m2_p + n * (mu_p - mean[..., None, :]) ** 2).sum(axis=-2) / np.float32(cols)
-    acc = x.astype(np.float32)
+    acc = widen(x)
     y = (acc - mean[..., None]) / np.sqrt(var[..., None] + np.float32(i2f(first(params, 0)))) * g.astype(np.float32)
     if first(params, 1):
         y = y + ops[3].astype(np.float32)
-    out[...] = y.astype(out.dtype)
+    store(out, y)
 
 
 def _ln_apply_cycles(chip, params, shapes, dtypes) -> int:
@@ -71,7 +72,7 @@ def _ln_apply_cycles(chip, params, shapes, dtypes) -> int:
 
 def _softmax(ops, params) -> None:
     x, out = ops
-    out[...] = softmax(x).astype(out.dtype)  # over each row, in float32 (numerics/attention.softmax)
+    store(out, softmax(x))  # over each row, in float32 (numerics/attention.softmax)
 
 
 def _softmax_cycles(chip, params, shapes, dtypes) -> int:
@@ -87,7 +88,7 @@ _REDUCE_FNS = list(REDUCE.values())
 def _reduce(ops, params) -> None:
     x, out = ops
     acc = np.float32 if x.dtype == np.float16 else x.dtype
-    out[...] = _REDUCE_FNS[first(params, 0)](x.astype(acc), axis=-1, keepdims=True).astype(out.dtype)
+    store(out, _REDUCE_FNS[first(params, 0)](x.astype(acc), axis=-1, keepdims=True))
 
 
 def _reduce_cycles(chip, params, shapes, dtypes) -> int:

@@ -474,7 +474,7 @@ def _transpose_type(ins, a):
 _row(
     "Transpose",
     _transpose_type,
-    lambda xs, a: [np.ascontiguousarray(np.transpose(xs[0], a.get("perm") or None))],
+    lambda xs, a: [np.asarray(np.transpose(xs[0], a.get("perm") or None), order="C")],  # (0-d stays 0-d)
     _zero_flops,
     (1, 1),
     lower="move",
@@ -563,7 +563,7 @@ def _expand_type(ins, a):
 _row(
     "Expand",
     _expand_type,
-    lambda xs, a: [np.ascontiguousarray(np.broadcast_to(xs[0], np.broadcast_shapes(xs[0].shape, tuple(a["shape"]))))],
+    lambda xs, a: [np.asarray(np.broadcast_to(xs[0], np.broadcast_shapes(xs[0].shape, tuple(a["shape"]))), order="C")],
     _zero_flops,
     (1, 1),
     lower="move",

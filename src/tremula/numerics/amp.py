@@ -135,6 +135,20 @@ def to_half(v: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return res if out is None else out
 
 
+def half(v: np.ndarray) -> np.ndarray:
+    """v.astype(np.float16), in one pass for float32 (numerics/jit.py) when numba is installed."""
+    v = np.asarray(v)
+    out = np.empty(v.shape, np.float16)
+    return out if jit.cast_half(v, out) else v.astype(np.float16)
+
+
+def store(out: np.ndarray, y: np.ndarray) -> None:
+    """out[...] = y in out's dtype: a float32 result into a half buffer in one pass (numerics/jit.py) when it can."""
+    y = np.asarray(y)
+    if not (out.dtype == np.float16 and jit.cast_half(y, out)):
+        out[...] = y.astype(out.dtype, copy=False)
+
+
 def half_partials_matmul(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
     """x @ w of half values on the AMP with half partials (groups of `group` input channels): float16."""
     return to_half(half_partial_sums(widen(x), widen(w), group))

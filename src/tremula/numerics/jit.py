@@ -111,13 +111,13 @@ if numba is not None:
     @numba.njit(cache=True, nogil=True)
     def _from_half_bits(h, f):
         # amp.from_half's integer passes on each element: sign-extend, shift into float32's fields, rebias; False when
-        # an inf or NaN came out finite (from 2**16 up), which the caller leaves to NumPy's cast
-        ok = True
+        # h holds an inf or NaN (they come out finite, from 2**16 up), which the caller leaves to NumPy's cast
+        special = 0  # (an integer OR of every element's flag, not a branch: the loop stays SIMD)
         for i in range(h.size):
-            v = _float(np.uint32((np.int32(h[i]) << 13) & np.int32(-0x70002000))) * np.float32(2.0**112)
-            ok = ok and -65536.0 < v < 65536.0
-            f[i] = v
-        return ok
+            b = np.int32(h[i])
+            f[i] = _float(np.uint32((b << 13) & np.int32(-0x70002000))) * np.float32(2.0**112)
+            special |= ((b & 0x7C00) + 0x400) >> 15  # 1 when the exponent is all ones: inf or NaN
+        return special == 0
 
     @numba.njit(cache=True, nogil=True)
     def _to_half_bits(v, out):
@@ -125,6 +125,36 @@ if numba is not None:
         for i in range(v.size):
             t = _bits(v[i] * np.float32(2.0**-112))
             out[i] = np.uint16(((t >> 13) & 0x7FFF) | ((t >> 16) & 0x8000))
+
+
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True)
+    def _cast_half_bits(v, out):
+        # float32 -> float16 bits as NumPy's cast: _round_half's rounding without its saturation (a result past
+        # 65504 is an overflow: inf), then _to_half_bits' shifts
+        for i in range(v.size):
+            x = v[i]
+            m = _float(_bits(x) & _EXP)
+            m = _LO if m < _LO else m
+            m = _HI if m > _HI else m
+            m = m * _MAGIC
+            a = (x + m) - m
+            a = np.float32(np.inf) if a > _MAX else a
+            a = np.float32(-np.inf) if a < _NMAX else a
+            t = _bits(_float(_bits(a) | (_bits(x) & _SIGN)) * np.float32(2.0**-112))
+            out[i] = np.uint16(((t >> 13) & 0x7FFF) | ((t >> 16) & 0x8000))
+
+
+def cast_half(v: np.ndarray, out: np.ndarray) -> bool:
+    """out[...] = v.astype(np.float16) in one pass (float32 v of out's shape, out C-contiguous float16): NumPy's
+    bits, round to nearest even, inf past half's range (a signalling NaN comes out quiet); False when the kernel
+    cannot take them."""
+    if not ENABLED or v.dtype != np.float32 or out.dtype != np.float16 or not out.flags.c_contiguous \
+            or v.shape != out.shape:
+        return False
+    _cast_half_bits(np.ascontiguousarray(v).reshape(-1), out.view(np.uint16).reshape(-1))
+    return True
 
 
 def from_half(h: np.ndarray) -> np.ndarray | None:

@@ -20,8 +20,15 @@ def test_every_half_value(fast, exact):
         assert fast(two_d).shape == (64, 64) and fast(two_d).tobytes() == exact(two_d).tobytes()
 
 
-def test_float32_near_rounding_boundaries_and_the_range_end():
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "jit"])
+def test_float32_near_rounding_boundaries_and_the_range_end(compiled, monkeypatch):
     # Values whose results sit next to a float32 rounding boundary fall back to math.erf; the others must agree too.
+    # Both the NumPy passes and numerics/jit.py's one-pass kernel (when numba is installed).
+    from tremula.numerics import jit
+
+    if compiled and jit.numba is None:
+        pytest.skip("numba is not installed (pip install tremula[fast]): the compiled kernel is not there to test")
+    monkeypatch.setattr(jit, "ENABLED", compiled)
     rng = np.random.default_rng(11)
     x = np.concatenate([rng.standard_normal(1 << 15).astype(np.float32) * s for s in (1e-3, 0.5, 3, 20)]
                        + [np.float32([0, -0.0, 1e-30, -1e-30, 5.999, 6, 6.001, 8.485, -8.485, np.inf, -np.inf,

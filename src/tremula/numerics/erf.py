@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from tremula.numerics import jit
+
 
 def erf_exact(x: np.ndarray) -> np.ndarray:
     """erf in float64 (math.erf), rounded to x's type."""
@@ -56,7 +58,14 @@ def _erf_interp(z: np.ndarray) -> np.ndarray:
 
 
 def _erf_f32(x: np.ndarray, gelu: bool) -> np.ndarray:
-    """_erf_block over cache-sized pieces of x (some thirty float64 passes each, so they should stay in cache)."""
+    """_erf_block over cache-sized pieces of x (some thirty float64 passes each, so they should stay in cache), or
+    numerics/jit.py's one pass of the same formula."""
+    fast = jit.erf_block(x, gelu, _ERF_F, _ERF_D, _ERF_STEP, _ERF_LIMIT, ERF_ERROR)
+    if fast is not None:
+        y32, rest = fast
+        if rest.any():
+            y32[rest] = gelu_exact(x[rest], "none") if gelu else erf_exact(x[rest])
+        return y32
     flat = x.reshape(-1)
     step = 1 << 14
     parts = [_erf_block(flat[i: i + step], gelu) for i in range(0, len(flat), step)]

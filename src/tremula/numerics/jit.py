@@ -1,18 +1,22 @@
-"""Compiled kernels (numba, optional): the half rounding of numerics/amp.py in one pass instead of seven.
+"""Compiled kernels (numba, optional): the simulator's per-element arithmetic in one pass instead of NumPy's many.
 
-NumPy rounds a float32 array to half values in seven whole-array passes (saturate_round_half), and the half-partials
-matmul does that after every 16 input channels, so the simulator's fp16 and FP8 matmuls spend most of their time
-there. These kernels do the same float32 operations on each element in registers, in the same order, so they give
-the same bits (tests/unit/test_jit.py pins them against the NumPy passes on special and random values): no fast-math,
-so the compiler neither reassociates nor fuses a multiply and an add.
+NumPy rounds a float32 array to half values in seven whole-array passes (amp.saturate_round_half), and the
+half-partials matmul does that after every 16 input channels, so the simulator's fp16 and FP8 matmuls spent most of
+their time there; NumPy's own float16 casts run an element at a time; the float32 erf/Gelu interpolation is some thirty
+float64 passes. These kernels do the same operations on each element in registers, in the same order, so they give
+the same bits (tests run both paths: tests/unit/test_half_partials.py, test_erf.py and a whole simulated model in
+tests/models/test_sim_bit_identical.py): no fast-math, so the compiler neither reassociates nor fuses a multiply and
+an add. Kernels: the half rounding, alone and after an add (`round_half`, `add_round_half`), half <-> float32
+(`from_half`, `to_half`, `cast_half`), the erf interpolation (`erf_block`).
 
 numba is an optional dependency (`pip install tremula[fast]`): without it, or with TREMULA_NO_JIT=1 in the
 environment, ENABLED is False and the callers run their NumPy passes. Kernels are compiled on first use and cached
-on disk (numba's cache=True), so a process pays the compile once per machine.
+on disk (numba's cache=True), so a machine pays the compile once.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -47,6 +51,20 @@ if numba is not None:
         def codegen(context, builder, sig, args):
             return builder.bitcast(args[0], ir.FloatType())
         return types.float32(types.uint32), codegen
+
+    @intrinsic
+    def _bits64(typingctx, x):
+        """A float64's bits as uint64."""
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], ir.IntType(64))
+        return types.uint64(types.float64), codegen
+
+    @intrinsic
+    def _float64(typingctx, x):
+        """uint64 bits as the float64 they encode."""
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], ir.DoubleType())
+        return types.float64(types.uint64), codegen
 
     @numba.njit(cache=True, nogil=True, inline="always")
     def _round_half(v):
@@ -174,3 +192,53 @@ def to_half(v: np.ndarray, out: np.ndarray) -> bool:
         return False
     _to_half_bits(np.ascontiguousarray(v).reshape(-1), out.view(np.uint16).reshape(-1))
     return True
+
+
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")  # (no ZeroDivisionError branch per division)
+    def _erf_block(x, gelu, nodes_f, nodes_d, step, limit, err, out, unsure):
+        """erf.py's _erf_block on each float32 element (the same float64 formula): the float32 result, and 1 in
+        `unsure` where the error bound cannot place it on one side of a float32 rounding boundary (the caller takes
+        the reference there). The boundaries are the float32 neighbours by bits."""
+        last = len(nodes_f) - 2
+        for k in range(x.size):
+            x64 = np.float64(x[k])
+            z = x64 / math.sqrt(2.0) if gelu else x64
+            inside = abs(z) < limit
+            zz = z if inside else 0.0
+            u = abs(zz) / step
+            i = min(np.int64(u), last)
+            t = u - i
+            t2 = t * t
+            t3 = t2 * t
+            p = ((2 * t3 - 3 * t2 + 1) * nodes_f[i] + (t3 - 2 * t2 + t) * nodes_d[i] + (3 * t2 - 2 * t3)
+                 * nodes_f[i + 1] + (t3 - t2) * nodes_d[i + 1])
+            e = math.copysign(p, zz)
+            y = 0.5 * x64 * (1.0 + e) if gelu else e
+            ay = abs(y)
+            spacing = _float64(_bits64(ay) + np.uint64(1)) - ay  # (np.spacing for finite ay; inf is unsure below)
+            tol = (0.5 * abs(x64) * (err + 4.5e-16) if gelu else err) + 4 * spacing
+            y32 = np.float32(y)
+            out[k] = y32
+            b = _bits(y32)
+            if not inside or (b & _EXP) == _EXP or (b & np.uint32(0x7FFFFFFF)) == 0:
+                unsure[k] = 1  # (outside the table, inf, NaN, zero: the reference)
+                continue
+            up, down = _float(b + np.uint32(1)), _float(b - np.uint32(1))  # away from and towards zero
+            if y32 < 0:
+                up, down = down, up
+            lo = (np.float64(y32) + np.float64(down)) * 0.5
+            hi = (np.float64(y32) + np.float64(up)) * 0.5
+            unsure[k] = 0 if (y - lo > tol) and (hi - y > tol) else 1
+
+
+def erf_block(x: np.ndarray, gelu: bool, nodes_f, nodes_d, step: float, limit: float, err: float):
+    """(float32 results, mask of the elements to take from the reference) of erf.py's interpolation, one pass; None
+    when the kernel cannot take x."""
+    if not ENABLED or x.dtype != np.float32:
+        return None
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out, unsure = np.empty(flat.shape, np.float32), np.empty(flat.shape, np.uint8)
+    _erf_block(flat, gelu, nodes_f, nodes_d, step, limit, err, out, unsure)
+    return out.reshape(x.shape), unsure.view(bool).reshape(x.shape)

@@ -150,9 +150,9 @@ def test_scaled_add_and_round_is_numpys_passes(kernels):
 
 
 def test_cast_to_half_is_numpys_cast(kernels):
-    """amp.half / amp.store (the codelets' float32 -> half stores): NumPy's astype bits on random float32 patterns
+    """amp.as_half / amp.store (the codelets' float32 -> half stores): NumPy's astype bits on random float32 patterns
     (quiet NaNs only: a signalling one comes out quiet), the ties between halves, overflow to inf and the subnormals."""
-    from tremula.numerics.amp import half, store
+    from tremula.numerics.amp import as_half, store
 
     rng = np.random.default_rng(7)
     bits = rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
@@ -165,7 +165,7 @@ def test_cast_to_half_is_numpys_cast(kernels):
     v = np.concatenate([bits.view(np.float32), h, mid, np.nextafter(mid, np.float32(np.inf)), edges]).reshape(2, -1)
     with np.errstate(over="ignore", invalid="ignore"):
         want = v.astype(np.float16)
-        got = half(v)
+        got = as_half(v)
         out = np.empty_like(want)
         store(out, v)
     assert got.dtype == np.float16 and got.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.codelets import first, register
-from tremula.numerics.amp import half, half_partial_sums, saturate_round_half, to_half, widen
+from tremula.numerics.amp import as_half, half_partial_sums, saturate_round_half, to_half, widen
 from tremula.numerics.jit import add_round_half
 from tremula.target import cost_terms
 
@@ -49,7 +49,7 @@ def _matmul(ops: list[np.ndarray], params) -> None:
         y = to_half(y) if out.dtype == np.float16 else y.astype(out.dtype)
     else:
         y = np.matmul(widen(x), widen(w)) if x.dtype == np.float16 else np.matmul(x, w.astype(x.dtype, copy=False))
-        y = half(y) if out.dtype == np.float16 else y.astype(out.dtype, copy=False)
+        y = as_half(y) if out.dtype == np.float16 else y.astype(out.dtype, copy=False)
     if first(params, 0):
         y = (y + ops[2]).astype(out.dtype)
     out[...] = y
@@ -123,7 +123,7 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
         s = own.astype(np.float32)  # (a copy: summed in place)
         for q in range(n_parts - 1):
             s += recv[..., q * m: (q + 1) * m, :].astype(np.float32, copy=False)
-    y = half(s) if out.dtype == np.float16 else s.astype(out.dtype, copy=False)
+    y = as_half(s) if out.dtype == np.float16 else s.astype(out.dtype, copy=False)
     if has_bias:
         y = (y + ops[2]).astype(out.dtype)
     out[...] = y

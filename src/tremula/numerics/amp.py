@@ -135,7 +135,7 @@ def to_half(v: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return res if out is None else out
 
 
-def half(v: np.ndarray) -> np.ndarray:
+def as_half(v: np.ndarray) -> np.ndarray:
     """v.astype(np.float16), in one pass for float32 (numerics/jit.py) when numba is installed."""
     v = np.asarray(v)
     out = np.empty(v.shape, np.float16)

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from tremula.errors import TremulaError
-from tremula.numerics.amp import F16_MAX, half, half_partial_sums
+from tremula.numerics.amp import F16_MAX, as_half, half_partial_sums
 
 
 class Fp8Format(Enum):
@@ -134,7 +134,7 @@ def quantize(
     # No clip before the half cast: a value past 65504 becomes inf instead of 65504, and the tables saturate both
     # to the format's largest code (its max is below 65504).
     with np.errstate(over="ignore"):  # the overflow to inf is the saturation above, not an error
-        bits = half(np.asarray(x, np.float32) * np.float32(2.0**-scale)).view(np.uint16)
+        bits = as_half(np.asarray(x, np.float32) * np.float32(2.0**-scale)).view(np.uint16)
     if rounding == "nearest":
         return np.take(_NEAREST[fmt], bits)
     lo, hi, p_up = _STOCHASTIC[fmt]

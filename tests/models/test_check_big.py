@@ -50,19 +50,16 @@ def test_check_real_minilm_weights(mk2):
 
 @pytest.mark.slow
 def test_siglip_so400m_c600_fp16_answers_quickly():
-    """Compiles (plan + memory plan) in well under a minute and either fits or names the largest batch that fits."""
-    import time
-
+    """Compiles (plan + memory plan) and either fits or names the largest batch that fits (how long it takes is
+    printed by benchmarks/compile_zoo.py, never asserted)."""
     from tremula.compiler import DoesNotFit
 
-    t0 = time.perf_counter()
     try:
         res = compile_model("siglip-so400m-patch14-384", load_chip("c600"), 1, "fp16")
         assert res.fits
     except DoesNotFit as e:
         assert e.max_batch is not None and e.max_batch >= 0 and e.tile >= 0
         assert set(e.by_category) >= {"weights", "activations", "code", "vertex_state", "exchange_code", "buffers"}
-    assert time.perf_counter() - t0 > 0  # timing is printed by benchmarks/compile_zoo.py, never asserted
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tremula.plan.layout import Layout
+from tremula.sorting import lex_order
 
 I64 = np.int64
 
@@ -89,11 +90,8 @@ def make_transfers(s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_bu
     if n == 0:
         return SymTransfers.concat([])
     # Sort by source position (then destination, for a deterministic order); pieces with an identical source
-    # pattern become one multicast. Tile and byte offset pack into one key (offsets are far below 2**36).
-    skey = (s_tile << 36) + s_rel
-    dkey = (d_tile << 36) + d_rel
-    order = np.lexsort((dkey, row_bytes, skey, s_buf)) if len(np.unique(s_buf[:1])) and not (s_buf == s_buf[0]).all() \
-        else np.lexsort((dkey, row_bytes, skey))
+    # pattern become one multicast.
+    order = lex_order((d_rel, d_tile, row_bytes, s_rel, s_tile, s_buf))
     key = np.stack([s_tile, s_buf, s_rel, rows, row_bytes, s_stride])[:, order]
     new = np.ones(n, bool)
     new[1:] = np.any(key[:, 1:] != key[:, :-1], axis=0)
@@ -157,7 +155,7 @@ def gather_elems(src: Layout, src_elem: np.ndarray, d_tile, d_buf, d_rel, chunk:
 def _runs_to_patterns(s_tile, s_buf, s_rel, nb, d_tile, d_buf, d_rel) -> SymTransfers:
     """Runs of bytes -> 2-D transfers: runs between the same two tiles, of the same length, at constant source and
     destination strides, become one transfer of several rows (e.g. the head-dim slices of a Transpose)."""
-    order = np.lexsort((d_rel, d_buf, d_tile, s_tile))
+    order = lex_order((d_rel, d_buf, d_tile, s_tile))
     s_tile, s_rel, nb, d_tile, d_buf, d_rel = (x[order] for x in (s_tile, s_rel, nb, d_tile, d_buf, d_rel))
     n = len(s_tile)
     if n > 1:

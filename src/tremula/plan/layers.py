@@ -176,7 +176,7 @@ class SharedLayers:
         # each tile receives each distinct block it needs once
         need, back = np.unique(np.stack([tl, inv], axis=1), axis=0, return_inverse=True)
         drel, used = block_rel_offsets(need[:, 0], nb[need[:, 1]])
-        sbuf = self.new_buffer(f"{name}@stream", "buffers", list(used.keys()), list(used.values()))
+        sbuf = self.new_buffer(f"{name}@stream", "buffers", *used)
         order = np.argsort(blk, kind="stable")
         starts = np.searchsorted(blk[order], np.arange(len(uniq) + 1))
         dst = np.concatenate([np.full(starts[b + 1] - starts[b], i, I64) for i, b in enumerate(need[:, 1].tolist())])

@@ -80,18 +80,29 @@ class Layout:
                 and np.array_equal(self.col_cuts, other.col_cuts) and np.array_equal(self.tiles, other.tiles))
 
 
-def block_rel_offsets(tiles: np.ndarray, nbytes: np.ndarray, align: int = 8) -> tuple[np.ndarray, dict[int, int]]:
-    """Place blocks (in row-major block order) one after another on their tiles: byte offset per block, size per tile."""
-    rel = np.zeros(tiles.shape, np.int64)
-    used: dict[int, int] = {}
-    flat_t, flat_n, flat_r = tiles.reshape(-1), nbytes.reshape(-1), rel.reshape(-1)
-    if len(np.unique(flat_t)) == len(flat_t):  # the usual case: one block per tile, all at offset 0
-        return rel, {int(t): int(n) for t, n in zip(flat_t, flat_n)}
-    for k, (t, n) in enumerate(zip(flat_t.tolist(), flat_n.tolist())):
-        o = used.get(t, 0)
-        flat_r[k] = o
-        used[t] = o + (n + align - 1) // align * align
-    return rel, used
+def block_rel_offsets(tiles: np.ndarray, nbytes: np.ndarray,
+                      align: int = 8) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Place blocks (in row-major block order) one after another on their tiles: byte offset per block, and (tiles in
+    order of first use, bytes used on each)."""
+    flat_t, flat_n = np.asarray(tiles, np.int64).reshape(-1), np.asarray(nbytes, np.int64).reshape(-1)
+    if distinct(flat_t):  # the usual case: one block per tile, all at offset 0
+        return np.zeros(np.shape(tiles), np.int64), (flat_t.copy(), flat_n.copy())
+    size = (flat_n + align - 1) // align * align
+    order = np.argsort(flat_t, kind="stable")  # each tile's blocks together, in block order
+    st, ss = flat_t[order], size[order]
+    end = np.cumsum(ss)
+    first = np.flatnonzero(np.concatenate([[True], st[1:] != st[:-1]]))
+    base = np.repeat(end[first] - ss[first], np.diff(np.concatenate([first, [len(st)]])))
+    rel = np.empty(len(flat_t), np.int64)
+    rel[order] = end - ss - base
+    used = np.add.reduceat(ss, first)
+    by_first_use = np.argsort(order[first], kind="stable")
+    return rel.reshape(np.shape(tiles)), (st[first][by_first_use], used[by_first_use])
+
+
+def distinct(tiles: np.ndarray) -> bool:
+    """Whether no tile appears twice (tile numbers are small non-negative integers: a count beats hashing)."""
+    return len(tiles) < 2 or int(np.bincount(tiles).max()) == 1
 
 
 def reshape_free(layout: Layout, rows: int, cols: int) -> Layout | None:

@@ -292,14 +292,17 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         sizes = nr * nc * isz
 
         trel, used = block_rel_offsets(tl, sizes)
-        buf = self.new_buffer(f"{value}@{tag}", "buffers", list(used.keys()), list(used.values()))
-        elems, dt, dr = [], [], []
-        for k in range(len(tl)):
-            sub = idx[r0[k]: r0[k] + nr[k], c0[k]: c0[k] + nc[k]].reshape(-1)
-            elems.append(sub)
-            dt.append(np.full(len(sub), tl[k], I64))
-            dr.append(trel[k] + np.arange(len(sub), dtype=I64) * isz)
-        self.exchange(gather_elems(src, np.concatenate(elems), np.concatenate(dt), buf, np.concatenate(dr)))
+        buf = self.new_buffer(f"{value}@{tag}", "buffers", *used)
+        if row_const and view2d(t.shape)[0] == 1:  # a [1, cols] vector: each block reads one slice of its row
+            cc0 = np.zeros_like(c0) if col_const else c0
+            self.exchange(gather_rects(src, 0, 1, cc0, cc0 + nc, tl, buf, trel.reshape(-1), nc * isz))
+            return (buf, trel, nr, nc)
+        # Block k takes idx[r0:r0 + nr, c0:c0 + nc] in row-major order; j counts its elements.
+        cnt = nr * nc
+        blk = np.repeat(np.arange(len(tl)), cnt)
+        j = np.arange(int(cnt.sum()), dtype=I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        elems = idx[r0[blk] + j // nc[blk], c0[blk] + j % nc[blk]]
+        self.exchange(gather_elems(src, elems, tl[blk], buf, trel.reshape(-1)[blk] + j * isz))
         return (buf, trel, nr, nc)
 
     # ------------------------------------------------------------------------------------------------ element-wise
@@ -443,7 +446,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             if in_place > as_rows:
                 return False
         mrel, used = block_rel_offsets(tl, mom)
-        mbuf = self.new_buffer(f"{out}@moments", "buffers", list(used.keys()), list(used.values()))
+        mbuf = self.new_buffer(f"{out}@moments", "buffers", *used)
         j = np.tile(np.arange(nc), nr)
         self.compute([self.group("layernorm_moments", (xt.dtype, "float32"), tl, [0],
                                  [(src.buf, rel, rows, w), (mbuf, mrel + j * rows * 8, rows, 2)])],
@@ -790,7 +793,9 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         row_cuts = np.array([bb[3] for bb in blocks_] + [int(mcuts[-1])], I64)
         owner = ((bi[:, None] * pn + np.arange(pn)[None, :]) * pk + bl[:, None])  # index into tl, per (block, j)
         lay = self.alloc_layout(out + "@mm", int(mcuts[-1]), int(ncuts[-1]), ot.dtype, row_cuts, ncuts, tl[owner])
-        block_of = {(bb[0], bb[1], bb[2]): r for r, bb in enumerate(blocks_)}
+        block_of = np.full((pm, st.serial, pk), -1, I64)  # (i, u, l) -> its row block
+        for r, bb in enumerate(blocks_):
+            block_of[bb[0], bb[1], bb[2]] = r
         sub_max = cdiv(chunk, pk)
         nj_max = int(nj.max())
         # The quarter -> half AMP's partials are half values already (numerics/fp8.amp_fp8_matmul): kept as half, they
@@ -842,7 +847,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             if not len(o_idx):
                 continue
             s0, sub = c0[o_idx], (c1 - c0)[o_idx]
-            rb = np.array([block_of[(int(gi[t]), u, int(gl[t]))] for t in o_idx], I64)
+            rb = block_of[gi[o_idx], u, gl[o_idx]]
             orel = lay.rel[rb, gj[o_idx]]
             njo = nj[o_idx]
             ops = [(pbuf, s0 * njo * psz, sub, njo), (rbuf, 0, (pk - 1) * sub, njo)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tremula.plan.exchange import SymTransfers
-from tremula.plan.layout import Layout, block_rel_offsets, even_cuts
+from tremula.plan.layout import Layout, block_rel_offsets, distinct, even_cuts
 from tremula.program import Origin
 
 I64 = np.int64
@@ -106,7 +106,7 @@ class LoweringState:
     def new_buffer(self, name: str, category: str, tiles, sizes) -> int:
         tiles = np.asarray(tiles, I64).reshape(-1)
         sizes = np.broadcast_to(np.asarray(sizes, I64), tiles.shape)
-        if len(np.unique(tiles)) != len(tiles):  # several pieces on one tile: add them up
+        if not distinct(tiles):  # several pieces on one tile: add them up
             u, inv = np.unique(tiles, return_inverse=True)
             sizes = np.bincount(inv, weights=(sizes + 7) // 8 * 8, minlength=len(u)).astype(I64)
             tiles = u
@@ -120,7 +120,7 @@ class LoweringState:
         isz = np.dtype(dtype).itemsize
         nbytes = np.outer(np.diff(row_cuts), np.diff(col_cuts)) * isz
         rel, used = block_rel_offsets(tiles_grid, nbytes)
-        buf = self.new_buffer(name, category, list(used.keys()), list(used.values()))
+        buf = self.new_buffer(name, category, *used)
         return Layout(rows, cols, dtype, row_cuts, col_cuts, tiles_grid, rel, buf)
 
     def row_parts(self, rows: int, cols: int, dtype: str) -> int:
@@ -196,7 +196,7 @@ class LoweringState:
         tiles, r0, r1, c0, c1 = np.broadcast_arrays(*[np.asarray(x, I64).reshape(-1) for x in (tiles, r0, r1, c0, c1)])
         nbytes = (r1 - r0) * (c1 - c0) * np.dtype(dtype).itemsize
         rel, used = block_rel_offsets(tiles, nbytes)
-        buf = self.new_buffer(name, "weights", list(used.keys()), list(used.values()))
+        buf = self.new_buffer(name, "weights", *used)
         self.count_weights(buf)
         self.consts.append(SymConst(const, tiles.copy(), buf, rel, r0.copy(), r1.copy(), c0.copy(), c1.copy(), dtype))
         return buf, rel

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tremula.sorting import lex_order
+
 # Code bytes per distinct codelet on a tile. Basis: a Poplar vertex is a few hundred instructions of 4 or 8 bytes
 # (poplibs' hand-written assembly for ConvPartial1x1 runs to ~1000 lines incl. the supervisor and worker paths; an
 # element-wise popops vertex ~100-250 lines). Code must live in the non-interleaved region (ref §2).
@@ -103,7 +105,7 @@ def _receive_bytes(enc, d_tile, d_buf, d_rel, nbytes, rows, row_bytes, stride) -
     rows = np.asarray(rows, np.int64)
     per_row = strided(rows, row_bytes, stride)
     end = np.where(per_row, -1, d_rel + np.asarray(nbytes, np.int64))
-    o = np.lexsort((d_rel, d_buf, d_tile))
+    o = lex_order((d_rel, d_buf, d_tile))
     out = np.empty(len(d_tile), np.int64)
     out[o] = _receives_in_order(enc, d_tile[o], d_buf[o], d_rel[o], end[o], np.where(per_row, rows - 1, 0)[o])
     return out
@@ -219,7 +221,9 @@ def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -
             vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
         own = tables
         for i, t in enumerate(tables):
-            send, recv = transfer_code_bytes(t, chip)
+            # With an encoding model the receives are priced per step below, so only the sends are needed here.
+            send, recv = (_send_bytes(enc, t.rows, t.row_bytes, t.src_stride), None) if enc is not None \
+                else transfer_code_bytes(t, chip)
             based = _based(k, i, t, sharing, is_weight)
             if based is not None:  # a template's weight-sourced send adds the layer's weight base
                 send = send + (instr or EXCHANGE_BYTES_PER_TRANSFER // 4) * based

@@ -57,11 +57,12 @@ def apart_pairs(steps) -> list[tuple[int, int, np.ndarray]]:
 
 def _by_pair(a: np.ndarray, b: np.ndarray, tiles: np.ndarray):
     """((a, b), tiles) for each distinct pair of a vertex group's operand buffers."""
-    key = np.stack([np.asarray(a, I64), np.asarray(b, I64)], axis=1)
-    uniq, inv = np.unique(key, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    for k, (x, y) in enumerate(uniq.tolist()):
-        yield (x, y), np.asarray(tiles, I64)[inv == k]
+    key = (np.asarray(a, I64) << 32) | np.asarray(b, I64)  # buffer ids are far below 2**31
+    uniq, inv = np.unique(key, return_inverse=True)
+    order = np.argsort(inv.reshape(-1), kind="stable")
+    parts = np.split(np.asarray(tiles, I64)[order], np.cumsum(np.bincount(inv.reshape(-1)))[:-1])
+    for k, t in zip(uniq.tolist(), parts):
+        yield (k >> 32, k & 0xFFFFFFFF), t
 
 
 def conflicts(program: Program, chip) -> int:

@@ -36,18 +36,18 @@ def liveness(state: LoweringState) -> Liveness:
 
     def touch(bufs, t: int) -> None:
         bufs = np.asarray(bufs, I64).reshape(-1)
-        if len(bufs):
-            np.minimum.at(first, bufs, t)
-            np.maximum.at(last, bufs, t)
+        if len(bufs):  # repeated buffers all get the same t, so a plain fancy assignment is enough
+            first[bufs] = np.minimum(first[bufs], t)
+            last[bufs] = np.maximum(last[bufs], t)
 
     for s in state.host_in:
         touch([s.layout.buf], -1)
     for k, st in enumerate(state.steps):
         for g in st.groups:
-            touch(np.unique(g.bufs), 2 * k)
+            touch(g.bufs, 2 * k)
         for t in st.transfers:
-            touch(np.unique(t.src_buf), 2 * k + 1)
-            touch(np.unique(t.d_buf), 2 * k + 1)
+            touch(t.src_buf, 2 * k + 1)
+            touch(t.d_buf, 2 * k + 1)
     for s in state.host_out:
         touch([s.layout.buf], 2 * len(state.steps))
     for b, spec in enumerate(state.bufs):

@@ -179,8 +179,11 @@ class SharedLayers:
         sbuf = self.new_buffer(f"{name}@stream", "buffers", *used)
         order = np.argsort(blk, kind="stable")
         starts = np.searchsorted(blk[order], np.arange(len(uniq) + 1))
-        dst = np.concatenate([np.full(starts[b + 1] - starts[b], i, I64) for i, b in enumerate(need[:, 1].tolist())])
-        piece = np.concatenate([order[starts[b]: starts[b + 1]] for b in need[:, 1].tolist()])
+        # Entry i of `need` receives every storage piece of its block (in piece order).
+        cnt = starts[need[:, 1] + 1] - starts[need[:, 1]]
+        dst = np.repeat(np.arange(len(need), dtype=I64), cnt)
+        piece = order[np.repeat(starts[need[:, 1]], cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt,
+                                                                                                  cnt)]
         nbytes = nbytes_img[piece]
         self.exchange(make_transfers(img[piece, 0], hbuf, hrel[piece], 1, nbytes, nbytes, need[dst, 0], sbuf,
                                      drel[dst] + off[piece], nbytes))

@@ -40,3 +40,18 @@ def lex_order(keys) -> np.ndarray:
     if len(words) == 1:
         return np.argsort(words[0], kind="stable")
     return np.lexsort(words[::-1])
+
+
+def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows in lexicographic order, index of each row's distinct one): np.unique(a, axis=0,
+    return_inverse=True) for a 2-D integer array, without its slow row-as-bytes sort."""
+    a = np.asarray(a)
+    if a.shape[0] == 0 or a.shape[1] == 0:  # no rows, or every row the same empty one
+        return a[:1].copy(), np.zeros(a.shape[0], I64)
+    order = lex_order([a[:, j] for j in range(a.shape[1] - 1, -1, -1)])
+    s = a[order]
+    new = np.ones(len(s), bool)
+    new[1:] = (s[1:] != s[:-1]).any(axis=1)
+    inv = np.empty(len(s), I64)
+    inv[order] = np.cumsum(new) - 1
+    return s[new], inv

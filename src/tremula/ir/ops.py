@@ -228,7 +228,7 @@ def _matmul_ref(xs, a):
     if a.get("partials") == "half" and x.dtype == np.float16:  # the AMP's half partials (numerics/amp.py)
         return [half_partials_matmul(x, w, int(a["group"]))]
     acc = np.float32 if x.dtype == np.float16 else x.dtype  # accumulate half in float, as the AMP can
-    return [np.matmul(x.astype(acc), w.astype(acc)).astype(x.dtype)]
+    return [np.matmul(x.astype(acc, copy=False), w.astype(acc, copy=False)).astype(x.dtype, copy=False)]
 
 
 # attrs partials="half", group=G (set by passes/precision.with_partials): half partials, rounded every G of K

@@ -22,6 +22,7 @@ from tremula.ir.layers import LayerKey, node_key
 from tremula.plan.exchange import gather_rects, make_transfers
 from tremula.plan.layout import block_rel_offsets, blocks
 from tremula.plan.memory import align
+from tremula.sorting import unique_rows
 
 I64 = np.int64
 ALIGN_SLACK = 4  # when a layer's storage overflows its cap, the cap grows by this many aligned words per tile
@@ -161,7 +162,7 @@ class SharedLayers:
         pieces) and received once by every tile that needs it, into a temporary buffer: (buffer, offset) per entry."""
         isz = np.dtype(dtype).itemsize
         tl = np.asarray(tl, I64)
-        uniq, inv = np.unique(np.stack([r0, r1, c0, c1], axis=1), axis=0, return_inverse=True)
+        uniq, inv = unique_rows(np.stack([r0, r1, c0, c1], axis=1))
         inv = inv.reshape(-1)
         img, blk, off = [], [], []  # storage rectangles (tile, r0, r1, c0, c1 of the constant), their block, offset
         for b, (a0, a1, b0, b1) in enumerate(uniq.tolist()):
@@ -174,7 +175,7 @@ class SharedLayers:
         nbytes_img = (img[:, 2] - img[:, 1]) * (img[:, 4] - img[:, 3]) * isz
         nb = (uniq[:, 1] - uniq[:, 0]) * (uniq[:, 3] - uniq[:, 2]) * isz
         # each tile receives each distinct block it needs once
-        need, back = np.unique(np.stack([tl, inv], axis=1), axis=0, return_inverse=True)
+        need, back = unique_rows(np.stack([tl, inv], axis=1))
         drel, used = block_rel_offsets(need[:, 0], nb[need[:, 1]])
         sbuf = self.new_buffer(f"{name}@stream", "buffers", *used)
         order = np.argsort(blk, kind="stable")

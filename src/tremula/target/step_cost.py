@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tremula.errors import TremulaError
+from tremula.sorting import unique_rows
 from tremula.target import cost_terms
 
 I64 = np.int64
@@ -34,7 +35,7 @@ def distinct_vertices(group) -> tuple[list[tuple[int, ...]], list[list[tuple[int
     """(params, operand shapes) of each distinct vertex of a group and, per vertex, the index of its distinct one:
     a group's vertices are priced once per distinct (params, shapes)."""
     keys = np.concatenate([group.params, group.shapes.reshape(len(group), -1)], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    uniq, inv = unique_rows(keys)
     p = group.params.shape[1]
     params = [tuple(int(x) for x in u[:p]) for u in uniq]
     shapes = [[tuple(int(y) for y in s) for s in u[p:].reshape(-1, 2)] for u in uniq]

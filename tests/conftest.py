@@ -22,3 +22,9 @@ def pytest_configure(config):
             os.environ.setdefault(var, "1")
         if "COLUMNS" not in os.environ:
             os.environ[_NO_COLUMNS] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow first (each file's own order kept): the workers start on the long ones and the short ones
+    fill in at the end (with pyproject's `--dist worksteal`), instead of one worker finishing a long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -170,3 +170,19 @@ def test_cast_to_half_is_numpys_cast(kernels):
         store(out, v)
     assert got.dtype == np.float16 and got.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
     assert out.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+def test_fp8_decode_and_nearest_quantize_are_table_lookups():
+    """FP8 codes decode to ml_dtypes' values (every code of both formats, NaN codes to NaN), and nearest quantizing
+    is the half-pattern table's entry for each value, on either path."""
+    from tremula.numerics.fp8 import _NEAREST, Fp8Format, decode, quantize
+
+    codes = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    x = np.random.default_rng(7).standard_normal((33, 65)).astype(np.float32) * 40
+    for fmt in Fp8Format:
+        want = codes.view(fmt.np_dtype).astype(np.float32)
+        got = decode(codes, fmt)
+        assert got.dtype == np.float32 and got.shape == codes.shape
+        assert np.array_equal(got, want, equal_nan=True)
+        bits = x.astype(np.float16).view(np.uint16)
+        assert np.array_equal(quantize(x, fmt, 0), np.take(_NEAREST[fmt], bits))

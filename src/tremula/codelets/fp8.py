@@ -17,7 +17,7 @@ import numpy as np
 
 from tremula.codelets import first, register
 from tremula.numerics.amp import F16_MAX, half_partial_sums, store
-from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, dequantize, quantize
+from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, decode, dequantize, quantize
 from tremula.target import cost, cost_terms
 
 __all__ = ["FORMATS", "amp_fp8_matmul", "amp_matmul_stack", "format_id"]  # amp_fp8_matmul: the reference, re-exported
@@ -76,7 +76,7 @@ def amp_matmul_stack(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format,
     same scaling, clipping and rounding of the running sum to half after each group (numerics/amp.half_partial_sums,
     which runs the vertices in blocks whose sums stay in cache), so the result is bit-identical.
     """
-    x, w = np.take(_DECODE[x_fmt], x_codes), np.take(_DECODE[w_fmt], w_codes)
+    x, w = decode(x_codes, x_fmt), decode(w_codes, w_fmt)
     n, m, k = x.shape
     scale = (2.0 ** (x_scale + w_scale.astype(np.int64))).astype(np.float32)
     if not (_finite_codes(x_codes, x_fmt) and _finite_codes(w_codes, w_fmt) and np.isfinite(scale).all()):

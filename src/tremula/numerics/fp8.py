@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from tremula.errors import TremulaError
+from tremula.numerics import jit
 from tremula.numerics.amp import F16_MAX, as_half, half_partial_sums
 
 
@@ -136,15 +137,26 @@ def quantize(
     with np.errstate(over="ignore"):  # the overflow to inf is the saturation above, not an error
         bits = as_half(np.asarray(x, np.float32) * np.float32(2.0**-scale)).view(np.uint16)
     if rounding == "nearest":
-        return np.take(_NEAREST[fmt], bits)
+        return table_lookup(_NEAREST[fmt], bits)
     lo, hi, p_up = _STOCHASTIC[fmt]
     up = rng.random(bits.shape) < np.take(p_up, bits)  # one draw per element, in order, as before
     return np.where(up, np.take(hi, bits), np.take(lo, bits))
 
 
+def table_lookup(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """table[idx] for uint8 / uint16 indices (numerics/jit.py: one pass; else np.take)."""
+    out = jit.lookup(table, idx)
+    return np.take(table, idx) if out is None else out
+
+
+def decode(codes: np.ndarray, fmt: Fp8Format) -> np.ndarray:
+    """FP8 codes -> their float32 values at scale 0 (exact)."""
+    return table_lookup(_DECODE[fmt], np.asarray(codes, np.uint8))
+
+
 def dequantize(codes: np.ndarray, fmt: Fp8Format, scale: int = 0, dtype: str = "float32") -> np.ndarray:
     """FP8 codes -> values: quarter -> half is exact; the power-of-two scale is applied after, as the hardware does."""
-    return (np.take(_DECODE[fmt], np.asarray(codes, np.uint8)) * np.float32(2.0**scale)).astype(dtype)
+    return (decode(codes, fmt) * np.float32(2.0**scale)).astype(dtype)
 
 
 # code -> float32 value at scale 0 (quarter -> half -> float, all exact; the NaN code decodes to NaN)
@@ -184,8 +196,7 @@ def amp_fp8_matmul(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format, w
     float32 holding half values, the same numbers as half arrays in a fraction of NumPy's float16 time (a group's
     sum of FP8 products is exact in float32).
     """
-    x = np.take(_DECODE[x_fmt], np.asarray(x_codes, np.uint8))
-    w = np.take(_DECODE[w_fmt], np.asarray(w_codes, np.uint8))
+    x, w = decode(x_codes, x_fmt), decode(w_codes, w_fmt)
     scale = np.float32(2.0 ** (x_scale + w_scale))
     acc = half_partial_sums(x, w, group, scale)
     if np.isnan(acc).any():  # NaN codes: carry the NaNs through half arrays so their bits stay as they were

@@ -242,3 +242,22 @@ def erf_block(x: np.ndarray, gelu: bool, nodes_f, nodes_d, step: float, limit: f
     out, unsure = np.empty(flat.shape, np.float32), np.empty(flat.shape, np.uint8)
     _erf_block(flat, gelu, nodes_f, nodes_d, step, limit, err, out, unsure)
     return out.reshape(x.shape), unsure.view(bool).reshape(x.shape)
+
+
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True)
+    def _lookup(table, idx, out):
+        for i in range(idx.size):
+            out[i] = table[idx[i]]
+
+
+def lookup(table: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+    """table[idx] (a 1-D table, uint8 or uint16 indices that it covers) in one pass: np.take converts every index to
+    a 64-bit one first, and the FP8 codes and half bit patterns it decodes are 1 or 2 bytes; None when the kernel cannot
+    take them."""
+    if not ENABLED or table.ndim != 1 or idx.dtype not in (np.uint8, np.uint16) or len(table) < 1 << 8 * idx.itemsize:
+        return None
+    out = np.empty(idx.shape, table.dtype)
+    _lookup(table, np.ascontiguousarray(idx).reshape(-1), out.reshape(-1))
+    return out

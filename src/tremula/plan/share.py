@@ -97,14 +97,14 @@ def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
                     any(not np.array_equal(getattr(ga, f), getattr(gb, f)) for f in _GROUP_SAME) or \
                     ga.bufs.shape != gb.bufs.shape:
                 return None
-            pairs.append(_key(gb.bufs, ga.bufs))
+            pairs.append(np.unique(_key(gb.bufs, ga.bufs)))
         else:
             ta, tb = state.steps[ka].transfers[ia], state.steps[kb].transfers[ib]
             if len(ta) != len(tb) or len(ta.d_tile) != len(tb.d_tile) or \
                     any(not np.array_equal(getattr(ta, f), getattr(tb, f)) for f in _TABLE_SAME):
                 return None
-            pairs.append(_key(tb.src_buf, ta.src_buf))
-            pairs.append(_key(tb.d_buf, ta.d_buf))
+            pairs.append(np.unique(_key(tb.src_buf, ta.src_buf)))
+            pairs.append(np.unique(_key(tb.d_buf, ta.d_buf)))
     u = np.unique(np.concatenate(pairs))
     pairs = np.stack([u >> 32, u & 0xFFFFFFFF], axis=1)
     # one-to-one, and each buffer like its counterpart: same kind, tiles and bytes

@@ -38,33 +38,19 @@ _MAX, _NMAX = np.float32(65504.0), np.float32(-65504.0)
 
 if numba is not None:
 
-    @intrinsic
-    def _bits(typingctx, x):
-        """A float32's bits as uint32 (a register move, not a conversion)."""
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], ir.IntType(32))
-        return types.uint32(types.float32), codegen
+    def _bitcast(result, arg, llvm_type, doc: str):
+        """A numba intrinsic reinterpreting an `arg` value's bits as a `result` (a register move, not a conversion)."""
+        def cast(typingctx, x):
+            def codegen(context, builder, sig, args):
+                return builder.bitcast(args[0], llvm_type)
+            return result(arg), codegen
+        cast.__doc__ = doc
+        return intrinsic(cast)
 
-    @intrinsic
-    def _float(typingctx, x):
-        """uint32 bits as the float32 they encode."""
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], ir.FloatType())
-        return types.float32(types.uint32), codegen
-
-    @intrinsic
-    def _bits64(typingctx, x):
-        """A float64's bits as uint64."""
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], ir.IntType(64))
-        return types.uint64(types.float64), codegen
-
-    @intrinsic
-    def _float64(typingctx, x):
-        """uint64 bits as the float64 they encode."""
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], ir.DoubleType())
-        return types.float64(types.uint64), codegen
+    _bits = _bitcast(types.uint32, types.float32, ir.IntType(32), "A float32's bits as uint32.")
+    _float = _bitcast(types.float32, types.uint32, ir.FloatType(), "uint32 bits as the float32 they encode.")
+    _bits64 = _bitcast(types.uint64, types.float64, ir.IntType(64), "A float64's bits as uint64.")
+    _float64 = _bitcast(types.float64, types.uint64, ir.DoubleType(), "uint64 bits as the float64 they encode.")
 
     @numba.njit(cache=True, nogil=True, inline="always")
     def _round_half(v):

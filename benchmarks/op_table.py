@@ -3,7 +3,8 @@ the cycles its FLOPs take at the chip's peak for the program's dtype (ideal = FL
 ideal). The modelled cycles are the compile's own (target/step_cost.py through report/profile.py), so the table is
 what `tremula compile --report` attributes, grouped by the op's place in its layer (repeated layers found by structure,
 ir/layers.py) instead of by node. As in the profile, a step's exchange is charged to the op whose compute set opens
-the step: the operand gather of a matmul that follows a Gelu shows as the Gelu's exchange.
+the step: the operand gather of a matmul that follows a Gelu shows as the Gelu's exchange. The peak is the program
+dtype's for every op (fp8: the FP8 peak, also for attention, which runs in half: twice its half-peak ideal).
 
 Usage: python benchmarks/op_table.py MODEL [--chip c600] [--dtype fp16] [--batch 8] [--top 20]
 """

@@ -51,14 +51,29 @@ def test_tiny64_auto_batch_fits_and_checks(chips, model):
 @pytest.mark.parametrize("model", ["vit-tiny", "bert-tiny", "gpt2-tiny"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_attention_with_keys_split_over_tiles(monkeypatch, model, dtype):
-    """A budget so small that every head's keys are split: partials per key block, combined on one tile, must give
-    the same answer (bert-tiny has a padding mask, gpt2-tiny is causal)."""
+    """A budget so small that every head's keys are split: partials per key block, combined by row slices over the
+    key blocks' tiles, must give the same answer (bert-tiny has a padding mask, gpt2-tiny is causal)."""
     from tremula.plan import lower_attention
 
     monkeypatch.setattr(lower_attention, "ATTENTION_KV_FRACTION", 1e-4)
     res = check_model(model, "c600", 2, dtype)
     codelets = {g.codelet for s in res.compile.program.steps for g in s.compute}
     assert {"attention_partial", "attention_combine"} <= codelets and "attention" not in codelets
+    assert res.passed, res.outputs
+
+
+@pytest.mark.parametrize("model", ["vit-tiny", "bert-tiny", "gpt2-tiny"])
+def test_attention_combine_is_spread_over_the_key_blocks_tiles(monkeypatch, model):
+    """Query blocks of several rows (16 tiles): each of a (head, query block)'s key-block units combines a slice of
+    its rows, so there are more combine vertices than (head, query block) groups, and the answer is the reference's."""
+    from tremula.plan import lower_attention
+
+    monkeypatch.setattr(lower_attention, "ATTENTION_KV_FRACTION", 1e-4)
+    res = check_model(model, "examples/chips/tiny16.toml", 2, "fp16")
+    groups = [g for s in res.compile.program.steps for g in s.compute]
+    # one unit per (head, query block) starts at key 0 (param 6 of a partial is its first key)
+    heads_x_blocks = sum(int((g.params[:, 6] == 0).sum()) for g in groups if g.codelet == "attention_partial")
+    assert heads_x_blocks and sum(len(g) for g in groups if g.codelet == "attention_combine") > heads_x_blocks
     assert res.passed, res.outputs
 
 

@@ -196,17 +196,18 @@ class AttentionLowering:
 
     def _attention_key_blocks(self, node, nk: int) -> None:
         """Keys split in nk blocks: unit (head, query block, key block) per tile computes a partial (p @ v, row max,
-        row sum); the key-block-0 tile of each (head, query block) gathers the others' partials and combines them.
+        row sum); the nk units of a (head, query block) then each own a slice of its rows, receive the other units'
+        partials of those rows and combine them (a reduce-scatter: the combine and its receives spread over the nk
+        tiles, instead of one tile of the nk gathering every partial and combining all the rows alone).
 
-        Query blocks are small enough that one unit's buffers stay within the op budget (the received partials grow
-        with nk x the block's rows: SigLIP so400m at batch 4 had 217 KB of them on a tile); when that makes more units
+        Query blocks are small enough that one unit's buffers stay within the op budget; when that makes more units
         than tiles they run in rounds of whole (head, query block) groups, reusing the buffers."""
         q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
         isz = np.dtype(qt.dtype).itemsize
         osz = np.dtype(ot.dtype).itemsize
         pw = dv * osz + 8  # a partial row: p @ v in the attention's dtype, and the row max and row sum (float32)
         budget = BUFFER_FRACTION * self.temp_fraction / TEMP_FRACTION * self.chip.sram_bytes_per_tile
-        per_q = d * isz + nk * pw + dv * osz  # q, own + received partials, output
+        per_q = d * isz + 2 * pw + dv * osz  # q, own partials and (at most as many) received ones, output
         kv = cdiv(sk, nk) * (d + dv) * isz
         nq_mem = cdiv(sq * per_q, max(int(budget - kv), per_q))
         nq = max(1, min(sq, max(self.T // (bh * nk), nq_mem)))
@@ -218,23 +219,37 @@ class AttentionLowering:
         j_ = np.tile(np.arange(nk, dtype=I64), bh * nq)
         q0, q1, k0, k1 = qcuts[i_], qcuts[i_ + 1], kcuts[j_], kcuts[j_ + 1]
         nu = len(b_)
+        # Query block i's rows in s_i slices (one per unit j < s_i; fewer than nk only when the block has fewer rows):
+        # slice j of block i is rows fine[base_i + j]:fine[base_i + j + 1] of the head.
+        rows_i = np.diff(qcuts)
+        s_i = np.minimum(nk, rows_i)
+        base = np.concatenate([[0], np.cumsum(s_i)])
+        fine = np.concatenate([np.concatenate([qcuts[i] + even_cuts(int(rows_i[i]), int(s_i[i]))[:-1]
+                                               for i in range(nq)]), [sq]]).astype(I64)
+        own = j_ < s_i[i_]
+        fi = np.where(own, base[i_] + j_, 0)  # each owner's slice
+        sub0 = np.where(own, fine[fi] - q0, 0)
+        sub1 = np.where(own, fine[np.minimum(fi + 1, len(fine) - 1)] - q0, 0)
         per_round = self.T // nk * nk  # whole groups of nk units
         # Rotating, like row layouts, and on through the rounds: each round's units are on distinct tiles, and the
-        # output blocks (the key-block-0 units') spread over all tiles instead of piling up on one round's owners.
+        # output blocks spread over all tiles instead of piling up on one round's tiles.
         tl = (np.arange(nu, dtype=I64) + self.row_cursor) % self.T
         self.row_cursor = (self.row_cursor + nu) % self.T
         used = np.unique(tl)
         maxq, maxk = int((q1 - q0).max()), int((k1 - k0).max())
+        maxs = int((sub1 - sub0).max())
         qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
         kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, maxk * d * isz)
         vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, maxk * dv * isz)
-        # each unit's p @ v then its stats; the key-block-0 tile receives the others' in slots j - 1 of the same shape
+        # each unit's p @ v then its stats; an owner receives the others' rows of its slice in slots (key block j' in
+        # slot j' below its own j, j' - 1 above), each a p @ v slice then a stats slice
         pvb, stb = cdiv(maxq * dv * osz, 8) * 8, maxq * 8
         pbuf = self.new_buffer(f"{out}@partial", "buffers", used, pvb + stb)
-        own = j_ == 0
-        rbuf = self.new_buffer(f"{out}@recv", "buffers", np.unique(tl[own]), (nk - 1) * (pvb + stb))
+        spv = cdiv(maxs * dv * osz, 8) * 8
+        slot_bytes = spv + maxs * 8
+        rbuf = self.new_buffer(f"{out}@recv", "buffers", np.unique(tl[own]), (nk - 1) * slot_bytes)
         o_idx = np.flatnonzero(own)
-        lay, orel, value = self._attention_output(out, ot.dtype, b_[o_idx], i_[o_idx], qcuts, tl[o_idx])
+        lay, orel, value = self._attention_output(out, ot.dtype, b_[o_idx], fi[o_idx], fine, tl[o_idx])
         if mask is not None:
             midx, same = self._mask_index(mask, lead, sq, sk, bh)
             mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
@@ -262,19 +277,26 @@ class AttentionLowering:
                                np.full(n, sk), np.full(n, scale), k_0, np.full(n, group)], axis=1)
             tag = f" ({r + 1}/{rounds})" if rounds > 1 else ""
             self.compute([self.group("attention_partial", tuple(dtypes), t_, params, ops)], out, "partials", tag)
-            # Every other key block's partial goes to the key-block-0 tile of its (head, query block), slot j - 1.
-            snd = us[~own[us]]
-            owner = snd - j_[snd]
-            slot = (j_[snd] - 1) * (pvb + stb)
-            pv_n, st_n = nrows[snd] * dv * osz, nrows[snd] * 8
+            # Unit u sends each other owner w of its group the rows of w's slice, into w's slot for u's key block.
+            snd = np.repeat(us, nk)
+            w = snd - j_[snd] + np.tile(np.arange(nk, dtype=I64), len(us))
+            keep = (w != snd) & own[w]
+            snd, w = snd[keep], w[keep]
+            slot = np.where(j_[snd] < j_[w], j_[snd], j_[snd] - 1) * slot_bytes
+            r0, nr = sub0[w], sub1[w] - sub0[w]
+            pv_n, st_n = nr * dv * osz, nr * 8
             self.exchange(SymTransfers.concat([
-                make_transfers(tl[snd], pbuf, 0, 1, pv_n, pv_n, tl[owner], rbuf, slot, pv_n),
-                make_transfers(tl[snd], pbuf, pvb, 1, st_n, st_n, tl[owner], rbuf, slot + pvb, st_n)]))
+                make_transfers(tl[snd], pbuf, r0 * dv * osz, 1, pv_n, pv_n, tl[w], rbuf, slot, pv_n),
+                make_transfers(tl[snd], pbuf, pvb + r0 * 8, 1, st_n, st_n, tl[w], rbuf, slot + spv, st_n)]))
             oi = us[own[us]]
             ob = np.searchsorted(o_idx, oi)  # their blocks of the output layout
-            r_ = nrows[oi]
-            cops = ([(pbuf, 0, r_, dv)] + [(rbuf, j * (pvb + stb), r_, dv) for j in range(nk - 1)]
-                    + [(pbuf, pvb, r_, 2)] + [(rbuf, j * (pvb + stb) + pvb, r_, 2) for j in range(nk - 1)])
+            r_, jo = sub1[oi] - sub0[oi], j_[oi]
+            # operands in key-block order (the combine sums the blocks in that order): the owner's own block from its
+            # partial, every other one from its slot
+            src = [(np.where(jb == jo, pbuf, rbuf), np.where(jb == jo, 0, np.where(jb < jo, jb, jb - 1) * slot_bytes))
+                   for jb in range(nk)]
+            cops = ([(bf, np.where(bf == pbuf, sub0[oi] * dv * osz, off), r_, dv) for bf, off in src]
+                    + [(bf, np.where(bf == pbuf, pvb + sub0[oi] * 8, off + spv), r_, 2) for bf, off in src])
             cops.append((lay.buf, orel[ob], r_, dv))
             dts = (ot.dtype,) * nk + ("float32",) * nk + (ot.dtype,)
             self.compute([self.group("attention_combine", dts, tl[oi], [nk], cops)], out, "combine", tag)

@@ -51,7 +51,7 @@ class OpDef:
     # (name, op id, NumPy kernel) of each variant the unary/binary codelet runs: the id is what a Program stores, so it
     # never changes once given; the kernel is the one the reference rule calls
     kernels: tuple[tuple[str, int, Callable[..., np.ndarray]], ...] = ()
-    cost: tuple[tuple[str, int], ...] = ()  # its codelet's work per element: (chip vector op, passes) (target/cost_terms)
+    cost: tuple[tuple[str, int], ...] = ()  # its codelet's work per element: (chip vector op, passes), cost_terms
     domain: str = ""  # DOMAINS, for an element-wise unary op
 
 
@@ -491,7 +491,8 @@ def _concat_type(ins, a):
     return [TensorType(tuple(shape), ins[0].dtype)]
 
 
-_row("Concat", _concat_type, lambda xs, a: [np.concatenate(xs, axis=a["axis"])], _zero_flops, (1, 1 << 30), lower="move")
+_row("Concat", _concat_type, lambda xs, a: [np.concatenate(xs, axis=a["axis"])], _zero_flops, (1, 1 << 30),
+     lower="move")
 
 
 def _slices(shape: tuple[int, ...], a: Attrs) -> tuple[slice, ...]:

@@ -103,7 +103,7 @@ def make_transfers(s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_bu
 
 
 def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride) -> SymTransfers:
-    """Copy rectangles src[r0:r1, c0:c1] (of the source's 2-D view) to (d_tile, d_buf, d_rel) with row stride d_stride."""
+    """Copy rectangles src[r0:r1, c0:c1] (of the source's 2-D view) to (d_tile, d_buf, d_rel), row stride d_stride."""
     r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride = np.broadcast_arrays(
         *[np.asarray(x, I64) for x in (r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride)])
     ok = (r1 > r0) & (c1 > c0)
@@ -131,7 +131,7 @@ def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride) ->
 
 
 def gather_elems(src: Layout, src_elem: np.ndarray, d_tile, d_buf, d_rel, chunk: int = 1) -> SymTransfers:
-    """Element k of the destination (at d_tile[k], d_rel[k]) gets source element src_elem[k] (flat index of the 2-D view).
+    """Element k of the destination (at d_tile[k], d_rel[k]) gets source element src_elem[k] (flat, of the 2-D view).
 
     With chunk > 1 each entry stands for `chunk` consecutive elements on both sides (the caller guarantees they stay
     inside one source block). Consecutive entries that are consecutive bytes on both sides become one transfer.

@@ -128,7 +128,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         g = self.graph
         bad = supported(g)
         if bad:
-            raise TremulaError(f"the planner cannot place op(s) {', '.join(bad)}; run the passes first or file an issue")
+            raise TremulaError(f"the planner cannot place op(s) {', '.join(bad)}; run the passes first or file an "
+                               f"issue")
         for name in g.inputs:
             t = self.types[name]
             rows, cols = view2d(t.shape)

@@ -83,9 +83,10 @@ class LoweringState:
         self.host_out: list[SymStream] = []
         self.layouts: dict[str, Layout] = {}
         self.strategies: dict[str, str] = {}
-        # node (its first output) -> (what, cuts) of each sum the plan splits, which changes its arithmetic: "k" (a Linear's K parts,
-        # summed in part order), "columns" (a LayerNorm's column blocks, combined moments), "keys" (an attention's
-        # key blocks, combined partials). The precision-matched reference (sim/reference.py) follows these cuts.
+        # node (its first output) -> (what, cuts) of each sum the plan splits, which changes its arithmetic: "k" (a
+        # Linear's K parts, summed in part order), "columns" (a LayerNorm's column blocks, combined moments), "keys"
+        # (an attention's key blocks, combined partials). The precision-matched reference (sim/reference.py) follows
+        # these cuts.
         self.split_sums: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.row_cursor = 0
         self.wload = np.zeros(tiles, I64)  # resident weight bytes on each tile, as placement choices see them

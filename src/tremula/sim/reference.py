@@ -132,8 +132,8 @@ def _attention_ref(mm: MatMulFn) -> RefRule:
 
 
 def _key_split_ref(cuts: tuple[int, ...], mm: MatMulFn = _mm32) -> RefRule:
-    """Attention over the key blocks between `cuts`: per block p @ v (stored in the attention's dtype), row max and row sum; combined
-    in float32 (codelets/attention.py _attention_partial, _attention_combine)."""
+    """Attention over the key blocks between `cuts`: per block p @ v (stored in the attention's dtype), row max and row
+    sum; combined in float32 (codelets/attention.py _attention_partial, _attention_combine)."""
 
     from tremula.numerics.attention import causal_allowed, exp_shifted, group_of, scores, weighted_values
 

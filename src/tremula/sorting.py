@@ -1,4 +1,5 @@
-"""Lexicographic orders of integer columns, fast: columns packed into as few 63-bit words as their ranges allow.
+"""Index arithmetic on integer columns: lexicographic orders (fast: columns packed into as few 63-bit words as their
+ranges allow), distinct rows, and positions within runs.
 
 np.lexsort makes one indirect pass per key; the planner sorts exchange pieces by five or six small integer columns
 (tile, buffer, offset, ...) hundreds of times per model, and packing them into one or two words gives the identical
@@ -55,3 +56,10 @@ def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inv = np.empty(len(s), I64)
     inv[order] = np.cumsum(new) - 1
     return s[new], inv
+
+
+def positions_in_runs(counts) -> np.ndarray:
+    """For runs of counts[i] elements laid end to end, each element's index within its run: [2, 3] -> [0, 1, 0, 1, 2]
+    (with np.repeat(np.arange(len(counts)), counts), which run it is in)."""
+    counts = np.asarray(counts, I64)
+    return np.arange(int(counts.sum()), dtype=I64) - np.repeat(np.cumsum(counts) - counts, counts)

@@ -59,8 +59,9 @@ def _by_pair(a: np.ndarray, b: np.ndarray, tiles: np.ndarray):
     """((a, b), tiles) for each distinct pair of a vertex group's operand buffers."""
     key = (np.asarray(a, I64) << 32) | np.asarray(b, I64)  # buffer ids are far below 2**31
     uniq, inv = np.unique(key, return_inverse=True)
-    order = np.argsort(inv.reshape(-1), kind="stable")
-    parts = np.split(np.asarray(tiles, I64)[order], np.cumsum(np.bincount(inv.reshape(-1)))[:-1])
+    inv = inv.reshape(-1)
+    order = np.argsort(inv, kind="stable")
+    parts = np.split(np.asarray(tiles, I64)[order], np.cumsum(np.bincount(inv))[:-1])
     for k, t in zip(uniq.tolist(), parts):
         yield (k >> 32, k & 0xFFFFFFFF), t
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tremula.plan.layout import Layout
-from tremula.sorting import lex_order
+from tremula.sorting import lex_order, positions_in_runs
 
 I64 = np.int64
 
@@ -116,7 +116,7 @@ def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride) ->
     nr, nc = rb - ra + 1, cb - ca + 1
     npieces = nr * nc
     rect = np.repeat(np.arange(len(r0)), npieces)
-    local = np.arange(int(npieces.sum())) - np.repeat(np.cumsum(npieces) - npieces, npieces)
+    local = positions_in_runs(npieces)
     bi = ra[rect] + local // nc[rect]
     bj = ca[rect] + local % nc[rect]
     pr0 = np.maximum(r0[rect], rc[bi])

@@ -22,7 +22,7 @@ from tremula.ir.layers import LayerKey, node_key
 from tremula.plan.exchange import gather_rects, make_transfers
 from tremula.plan.layout import block_rel_offsets, blocks
 from tremula.plan.memory import align
-from tremula.sorting import unique_rows
+from tremula.sorting import positions_in_runs, unique_rows
 
 I64 = np.int64
 ALIGN_SLACK = 4  # when a layer's storage overflows its cap, the cap grows by this many aligned words per tile
@@ -183,8 +183,7 @@ class SharedLayers:
         # Entry i of `need` receives every storage piece of its block (in piece order).
         cnt = starts[need[:, 1] + 1] - starts[need[:, 1]]
         dst = np.repeat(np.arange(len(need), dtype=I64), cnt)
-        piece = order[np.repeat(starts[need[:, 1]], cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt,
-                                                                                                  cnt)]
+        piece = order[np.repeat(starts[need[:, 1]], cnt) + positions_in_runs(cnt)]
         nbytes = nbytes_img[piece]
         self.exchange(make_transfers(img[piece, 0], hbuf, hrel[piece], 1, nbytes, nbytes, need[dst, 0], sbuf,
                                      drel[dst] + off[piece], nbytes))

@@ -229,7 +229,7 @@ class AttentionLowering:
         own = j_ < s_i[i_]
         fi = np.where(own, base[i_] + j_, 0)  # each owner's slice
         sub0 = np.where(own, fine[fi] - q0, 0)
-        sub1 = np.where(own, fine[np.minimum(fi + 1, len(fine) - 1)] - q0, 0)
+        sub1 = np.where(own, fine[fi + 1] - q0, 0)
         per_round = self.T // nk * nk  # whole groups of nk units
         # Rotating, like row layouts, and on through the rounds: each round's units are on distinct tiles, and the
         # output blocks spread over all tiles instead of piling up on one round's tiles.
@@ -248,6 +248,10 @@ class AttentionLowering:
         spv = cdiv(maxs * dv * osz, 8) * 8
         slot_bytes = spv + maxs * 8
         rbuf = self.new_buffer(f"{out}@recv", "buffers", np.unique(tl[own]), (nk - 1) * slot_bytes)
+
+        def slot(j_from, j_own):  # byte offset, in its owner's rbuf, of the slice a key block j_from sends it
+            return np.where(j_from < j_own, j_from, j_from - 1) * slot_bytes
+
         o_idx = np.flatnonzero(own)
         lay, orel, value = self._attention_output(out, ot.dtype, b_[o_idx], fi[o_idx], fine, tl[o_idx])
         if mask is not None:
@@ -282,21 +286,22 @@ class AttentionLowering:
             w = snd - j_[snd] + np.tile(np.arange(nk, dtype=I64), len(us))
             keep = (w != snd) & own[w]
             snd, w = snd[keep], w[keep]
-            slot = np.where(j_[snd] < j_[w], j_[snd], j_[snd] - 1) * slot_bytes
+            at = slot(j_[snd], j_[w])
             r0, nr = sub0[w], sub1[w] - sub0[w]
             pv_n, st_n = nr * dv * osz, nr * 8
             self.exchange(SymTransfers.concat([
-                make_transfers(tl[snd], pbuf, r0 * dv * osz, 1, pv_n, pv_n, tl[w], rbuf, slot, pv_n),
-                make_transfers(tl[snd], pbuf, pvb + r0 * 8, 1, st_n, st_n, tl[w], rbuf, slot + spv, st_n)]))
+                make_transfers(tl[snd], pbuf, r0 * dv * osz, 1, pv_n, pv_n, tl[w], rbuf, at, pv_n),
+                make_transfers(tl[snd], pbuf, pvb + r0 * 8, 1, st_n, st_n, tl[w], rbuf, at + spv, st_n)]))
             oi = us[own[us]]
             ob = np.searchsorted(o_idx, oi)  # their blocks of the output layout
             r_, jo = sub1[oi] - sub0[oi], j_[oi]
             # operands in key-block order (the combine sums the blocks in that order): the owner's own block from its
             # partial, every other one from its slot
-            src = [(np.where(jb == jo, pbuf, rbuf), np.where(jb == jo, 0, np.where(jb < jo, jb, jb - 1) * slot_bytes))
-                   for jb in range(nk)]
-            cops = ([(bf, np.where(bf == pbuf, sub0[oi] * dv * osz, off), r_, dv) for bf, off in src]
-                    + [(bf, np.where(bf == pbuf, pvb + sub0[oi] * 8, off + spv), r_, 2) for bf, off in src])
+            mine = [jb == jo for jb in range(nk)]
+            cops = ([(np.where(m, pbuf, rbuf), np.where(m, sub0[oi] * dv * osz, slot(jb, jo)), r_, dv)
+                     for jb, m in enumerate(mine)]
+                    + [(np.where(m, pbuf, rbuf), np.where(m, pvb + sub0[oi] * 8, slot(jb, jo) + spv), r_, 2)
+                       for jb, m in enumerate(mine)])
             cops.append((lay.buf, orel[ob], r_, dv))
             dts = (ot.dtype,) * nk + ("float32",) * nk + (ot.dtype,)
             self.compute([self.group("attention_combine", dts, tl[oi], [nk], cops)], out, "combine", tag)

@@ -33,6 +33,7 @@ from tremula.plan.strategies import (
     choose_linear,
     choose_linear_pair,
 )
+from tremula.sorting import positions_in_runs
 from tremula.target import cost_terms
 from tremula.target.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
 
@@ -301,7 +302,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         # Block k takes idx[r0:r0 + nr, c0:c0 + nc] in row-major order; j counts its elements.
         cnt = nr * nc
         blk = np.repeat(np.arange(len(tl)), cnt)
-        j = np.arange(int(cnt.sum()), dtype=I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        j = positions_in_runs(cnt)
         elems = idx[r0[blk] + j // nc[blk], c0[blk] + j % nc[blk]]
         self.exchange(gather_elems(src, elems, tl[blk], buf, trel.reshape(-1)[blk] + j * isz))
         return (buf, trel, nr, nc)

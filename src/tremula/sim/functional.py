@@ -30,6 +30,7 @@ from tremula.codelets.embed import IndexOutOfRange
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
 from tremula.program import Program, VertexGroup, storage_dtype
+from tremula.sorting import positions_in_runs
 
 # As float32 0xA5A5A5A5 is -2.9e-16, as float16 0xA5A5 is -0.022: wrong but finite, so reads must be caught.
 POISON = 0xA5
@@ -430,7 +431,7 @@ class Machine:
         # Every transfer's rows: source (tile, address) and bytes, read once however many destinations it has.
         rows, nd = ex.rows, np.diff(ex.dst_start)
         ri = np.repeat(np.arange(n), rows)
-        r_local = np.arange(len(ri)) - np.repeat(np.cumsum(rows) - rows, rows)
+        r_local = positions_in_runs(rows)
         src = (ex.src_tile[ri].astype(np.int64), ex.src_addr[ri] + r_local * ex.src_stride[ri], ex.row_bytes[ri])
         self._bounds(f"step {k} exchange source", *src)
         # A destination's rows lie between its first and last row's addresses: bounds checked at both ends.
@@ -442,7 +443,7 @@ class Machine:
         if self.check:
             # One entry per (transfer, destination, row) for the overlap check.
             di = np.repeat(np.arange(len(ti)), drows)
-            d_local = np.arange(len(di)) - np.repeat(np.cumsum(drows) - drows, drows)
+            d_local = positions_in_runs(drows)
             dst_t = ex.d_tile[di].astype(np.int64)
             dst_a = ex.d_addr[di] + d_local * ex.d_stride[di]
             self._check_exchange(k, src, dst_t, dst_a, ex.row_bytes[ti[di]])
@@ -471,7 +472,7 @@ class Machine:
             cnt = nds[:c] - j
             if c * 8 < len(nds) and int(nds[0]) - j > 8 and int(cnt.sum()) * data.shape[1] <= CHUNK_BYTES:
                 idx = np.repeat(np.arange(c), cnt)
-                d = ex.dst_start[t[idx]] + j + (np.arange(len(idx)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+                d = ex.dst_start[t[idx]] + j + positions_in_runs(cnt)
                 self._scatter(self._flat(ex.d_tile[d], ex.d_addr[d] + r[idx] * ex.d_stride[d]), data[idx])
                 return
             d = ex.dst_start[t[:c]] + j
@@ -495,7 +496,7 @@ class Machine:
         src = (ex.src_tile[tr].astype(np.int64), ex.src_addr[tr] + row * ex.src_stride[tr] + col, nbytes)
         nd = np.diff(ex.dst_start)[tr]
         pi = np.repeat(np.arange(len(tr)), nd)  # one entry per (piece, destination)
-        d = np.repeat(ex.dst_start[tr], nd) + (np.arange(len(pi)) - np.repeat(np.cumsum(nd) - nd, nd))
+        d = np.repeat(ex.dst_start[tr], nd) + positions_in_runs(nd)
         src_t = src[0][pi]
         src_a = src[1][pi]
         dst_t = ex.d_tile[d].astype(np.int64)

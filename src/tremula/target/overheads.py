@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula.sorting import lex_order
+from tremula.sorting import lex_order, positions_in_runs
 
 # Code bytes per distinct codelet on a tile. Basis: a Poplar vertex is a few hundred instructions of 4 or 8 bytes
 # (poplibs' hand-written assembly for ConvPartial1x1 runs to ~1000 lines incl. the supervisor and worker paths; an
@@ -129,7 +129,7 @@ def chunk_code_bytes(enc, t, tr, offset, nbytes, start, tiles: int) -> tuple[np.
     dst_start = np.asarray(t.dst_start, np.int64)
     lo, cnt = dst_start[tr[k]], np.diff(dst_start)[tr[k]]
     c = np.repeat(k, cnt)
-    j = np.repeat(lo, cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    j = np.repeat(lo, cnt) + positions_in_runs(cnt)
     d_tile, d_addr, d_stride = (np.asarray(x, np.int64)[j] for x in (t.d_tile, t.d_addr, t.d_stride))
     first, last, rbc = offset[c], offset[c] + nbytes[c] - 1, rb[c]
     at = d_addr + (first // rbc) * d_stride + first % rbc

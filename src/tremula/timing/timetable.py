@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tremula.program import TransferTable
+from tremula.sorting import positions_in_runs
 from tremula.target.chip import Chip
 from tremula.target.overheads import chunk_code_bytes
 from tremula.timing.konig import KONIG_MAX_FLOWS, konig_schedule, receiver_classes
@@ -174,7 +175,7 @@ def assign_ports(table: TransferTable, chip: Chip) -> np.ndarray:
         to_even = before + sc / 2.0 < cap_a
         choice = np.where(to_even, 2 * g, 2 * g + 1)
         cnt = counts[shared]
-        within = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        within = positions_in_runs(cnt)
         port[order[np.repeat(starts[shared], cnt) + within]] = np.repeat(choice, cnt)
         return port.astype(np.int32)
     # Wider buses: longest shared stream first to the least-loaded of its destination ports.

@@ -6,6 +6,7 @@ import numpy as np
 
 from tremula.errors import TremulaError
 from tremula.program import TransferTable
+from tremula.sorting import positions_in_runs
 from tremula.target.chip import Chip
 from tremula.timing.timetable import Timetable, unique_ports
 
@@ -135,7 +136,7 @@ def verify_timetable(table: TransferTable, timetable: Timetable, chip: Chip) -> 
         bounds = np.searchsorted(utr, np.arange(n + 1))
         per = (bounds[1:] - bounds[:-1])[tr]
         chunk = np.repeat(np.arange(c), per)
-        pos = np.repeat(bounds[:-1][tr], per) + (np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per))
+        pos = np.repeat(bounds[:-1][tr], per) + positions_in_runs(per)
         port = upt[pos]
         hit = _first_overlap(port, st[chunk], en[chunk])
         if hit:
@@ -174,7 +175,7 @@ def chunk_segments(table: TransferTable, timetable: Timetable) -> tuple[np.ndarr
     r1 = (off + nb - 1) // rb
     cnt = r1 - r0 + 1
     chunk = np.repeat(np.arange(len(tr), dtype=I64), cnt)
-    row = r0[chunk] + (np.arange(int(cnt.sum()), dtype=I64) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    row = r0[chunk] + positions_in_runs(cnt)
     lo = np.maximum(off[chunk], row * rb[chunk])
     hi = np.minimum(off[chunk] + nb[chunk], (row + 1) * rb[chunk])
     return chunk, row, lo - row * rb[chunk], hi - lo

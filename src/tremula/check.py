@@ -223,3 +223,38 @@ def _qdq_graph(ref_graph: Graph, planned: Graph) -> Graph:
     q = fp8_linear_casts(ref_graph)
     scales = {n.name.removesuffix(".quantize"): int(n.attrs["scale"]) for n in planned.nodes if n.op == "Fp8Quantize"}
     return with_scales(q, scales)
+
+
+@dataclass
+class SystemCheckResult:
+    """`check_system`: the whole model's outputs against the float32 reference, and each stage's outputs against its
+    own precision-matched reference on the inputs that stage really received (fp16 / fp8)."""
+
+    compile: object  # multichip.SystemResult
+    outputs: list[OutputCheck]
+    matched: list[tuple[int, OutputCheck]] = field(default_factory=list)  # (stage, check)
+    sim_seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs) and all(o.passed for _, o in self.matched)
+
+
+def check_system(model: ModelSpec, system, batch: int | None = None, dtype: str = "fp32", seq_len: int | None = None,
+                 seed: int = 0, progress: Progress | None = None, stages: int | None = None,
+                 calibration: dict[str, np.ndarray] | None = None, partials: str = "half") -> SystemCheckResult:
+    """Compile for a system of several chips (multichip.compile_system), simulate every stage's Program with the
+    Links between them, and compare as check_model does."""
+    from tremula.multichip import compile_system, simulate_system
+
+    res = compile_system(model, system, batch, dtype, seq_len, progress, stages, calibration, partials)
+    ref_graph = canonical(res.source)
+    feeds = make_feeds(ref_graph, seed)
+    t0 = time.perf_counter()
+    got, stage_in, stage_out = simulate_system(res.program, [r.graph for r in res.stages], feeds, progress=progress)
+    sim_seconds = time.perf_counter() - t0
+    ref = run(ref_graph, feeds)
+    outs = [compare(o, got[o], ref[o], res.dtype) for o in ref_graph.outputs]
+    matched = [(k, m) for k, r in enumerate(res.stages) if res.dtype != "float32"
+               for m in check_matched(r, stage_in[k], stage_out[k])]
+    return SystemCheckResult(res, outs, matched, sim_seconds)

@@ -144,6 +144,29 @@ def _chip_cell(key: str, value: Any) -> str:
 
 
 @app.command()
+def systems(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List the built-in systems of several chips (for --system)."""
+    from tremula.target.system import builtin_system_names, load_system
+
+    rows = []
+    for n in builtin_system_names():
+        s = load_system(n)
+        rows.append({"name": s.name, "chip": s.chip.name, "chips": s.chips,
+                     "SRAM GB": round(s.chips * s.chip.total_sram_bytes / 1e9, 2),
+                     "link GB/s each way": round(s.link_bytes_per_second / 1e9, 3),
+                     "streaming memory GB": round(s.streaming_memory_bytes / 1e9, 1), "description": s.description})
+    if json_out:
+        _print_json(rows)
+        return
+    table = Table(title="Built-in systems (sources in each system file)")
+    for key in rows[0]:
+        table.add_column(key, justify="left" if key in ("name", "chip", "description") else "right")
+    for r in rows:
+        table.add_row(*(safe(v) for v in r.values()))
+    out.print(table)
+
+
+@app.command()
 def zoo() -> None:
     """List the built-in models (seeded random weights, built offline)."""
     from tremula.frontends.zoo import zoo_rows
@@ -431,6 +454,11 @@ def _first_line(e: BaseException) -> str:
 
 
 SEQ_OPT = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models.")
+SYSTEM_OPT = typer.Option(None, "--system",
+                          help="Several chips: a built-in system (1xc600, 2xc600, 4xc600, bow2000; `tremula systems`) "
+                               "or a system TOML file. The model is cut into the fewest pipeline stages that fit, one "
+                               "chip each; chips left over run replicas. Replaces --chip.")
+STAGES_OPT = typer.Option(None, "--stages", min=1, help="With --system: exactly this many pipeline stages.")
 
 
 @app.command("compile")
@@ -448,6 +476,8 @@ def compile_cmd(
     timetable: bool = typer.Option(False, "--timetable",
                                    help="Schedule every exchange cycle by cycle and compare with its lower bound."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    system: Optional[str] = SYSTEM_OPT,
+    stages: Optional[int] = STAGES_OPT,
 ) -> None:
     """Plan every tensor onto tiles, lower to a BSP program, and report memory and estimated cycles."""
     from tremula.target.chip import load_chip
@@ -456,6 +486,31 @@ def compile_cmd(
     from tremula.program import save_program
 
     dtype, partials = _dtype_arg(dtype, calibration), _partials_arg(partials)
+    if system is not None or stages is not None:
+        _refuse_with_system(system, stages, {"--output": output, "--timetable": timetable or None})
+        from tremula.multichip import compile_system
+        from tremula.target.system import load_system
+
+        sysm = load_system(system)  # type: ignore[arg-type]
+        per_stage = {f"{flag} (stage {k})": _stage_path(path, k) for flag, path in (("--report", report),
+                                                                                     ("--trace", trace))
+                     if path is not None for k in range(sysm.chips)}
+        check_outputs(per_stage, model, None, calibration)
+        with _Bar(not json_out) as bar:
+            sres = compile_system(model, sysm, _system_batch(batch), dtype, seq_len, progress=bar, stages=stages,
+                                  calibration=_calibration(calibration), partials=partials)
+        if report is not None or trace is not None:  # one profile per chip: each stage is a Program of its own
+            from tremula.report import report_paths
+
+            for k, r in enumerate(sres.stages):
+                report_paths(r, sysm.chip, html=report and _stage_path(report, k), trace=trace and
+                             _stage_path(trace, k), model=model)
+        _print_system(model, sres, json_out)
+        for label, path in (("report", report), ("trace", trace)):
+            if path is not None and not json_out:
+                files = ", ".join(_stage_path(path, k) for k in range(len(sres.stages)))
+                out.print(f"  {label}s written to {safe(files)}", soft_wrap=True)
+        return
     c = load_chip(chip)
     # Before any work: an output must not destroy an input, and must be writable now rather than after the compile.
     check_outputs({"--output": output, "--report": report, "--trace": trace}, model, chip, calibration)
@@ -530,6 +585,8 @@ def check_cmd(
                                            help="With --inputs: the outputs you expect, an .npz of output name -> "
                                                 "array (some outputs may be left out)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    system: Optional[str] = SYSTEM_OPT,
+    stages: Optional[int] = STAGES_OPT,
 ) -> None:
     """Compile, run the Program in the functional simulator, and compare every output with the reference (and, with
     --inputs, with your expected outputs and onnxruntime)."""
@@ -538,6 +595,10 @@ def check_cmd(
 
     if seed < 0:  # numpy's generators take none, and a one-line answer beats an internal error after the compile
         raise TremulaError(f"--seed must be a non-negative integer (got {seed})")
+    if system is not None or stages is not None:
+        _refuse_with_system(system, stages, {"--inputs": inputs, "--expected": expected})
+        _check_system(model, system, batch, dtype, seq_len, seed, stages, calibration, partials, json_out)
+        return
     if expected is not None and inputs is None:
         raise TremulaError("--expected needs --inputs: expected outputs are for the inputs you give")
     dtype, partials = _dtype_arg(dtype, calibration), _partials_arg(partials)
@@ -593,6 +654,91 @@ def check_cmd(
             for name, x in zip(names, res.layers[:5]):
                 out.print(f"    {escape(name.ljust(width))}  cosine {x.cosine:.6f}  max rel err {x.rel_err:.3e}",
                           soft_wrap=True)
+    if not res.passed:
+        raise typer.Exit(1)
+
+
+def _refuse_with_system(system: Optional[str], stages: Optional[int], given: dict[str, Any]) -> None:
+    if system is None:
+        raise TremulaError("--stages needs --system (the chips to put the stages on)")
+    used = [flag for flag, v in given.items() if v is not None]
+    if used:
+        raise TremulaError(f"{', '.join(used)} {'is' if len(used) == 1 else 'are'} not supported with --system yet "
+                           "(each stage is a Program of its own)")
+
+
+def _stage_path(path: str, k: int) -> str:
+    """report.html -> report.stage0.html: a file per pipeline stage."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.stage{k}{p.suffix}"))
+
+
+def _system_batch(batch: Optional[str]) -> int | None:
+    b = _batch_arg(batch)
+    if b == "auto":
+        raise TremulaError("--batch auto is not supported with --system yet: give a batch")
+    return b  # type: ignore[return-value]
+
+
+def _system_rows(res) -> list[tuple[str, str]]:
+    """The system summary: per stage memory and cycles, then the pipeline's period, latency and throughput."""
+    sysm, chip, clock = res.system, res.system.chip, res.system.chip.clock_hz
+    rows = [("system", f"{sysm.name}: {sysm.chips} x {chip.name} ({sysm.description})"),
+            ("batch / dtype", f"{res.batch} / {res.dtype}" + (f", {res.stages[0].partials} partials"
+                                                              if res.dtype != "float32" else "")),
+            ("pipeline", f"{len(res.stages)} stage(s) x {res.replicas} replica(s); cut before node(s) "
+                         f"{', '.join(map(str, res.cuts)) or '-'} of {res.nodes}")]
+    for k, (r, c) in enumerate(zip(res.stages, res.stage_cycles)):
+        rows.append((f"  stage {k}", f"weights {human_bytes(r.graph.param_bytes())}, fullest tile {r.fullest_tile}: "
+                                     f"{human_bytes(r.peak_tile_bytes)} "
+                                     f"({100 * r.peak_tile_bytes / chip.sram_bytes_per_tile:.1f} %); {c:,} cycles "
+                                     f"(compute {r.compute_cycles:,}, exchange {r.exchange_cycles:,}, sync "
+                                     f"{r.sync_cycles:,}, host {c - r.cycles:,})"))
+    if len(res.stages) > 1:
+        rows.append(("links", f"{res.link_cycles:,} cycles a pipeline cycle for "
+                              f"{', '.join(human_bytes(b) for b in res.link_bytes)} between neighbours "
+                              f"({sysm.link_bytes_per_second / 1e9:.3g} GB/s each way x {sysm.link_efficiency:g}), "
+                              f"then a sync of {res.sync_cycles} cycles"))
+    rows += [("period", f"{res.period_cycles:,} cycles a pipeline cycle (bound by {res.bound_by})"),
+             ("latency", f"{1e3 * res.latency_cycles / clock:.3f} ms per batch through every stage"),
+             ("throughput", f"{res.throughput:,.1f} samples/s (steady state, all replicas)"),
+             ("MFU", f"{100 * res.mfu:.1f} % of {sysm.chips} chips' {res.dtype} peak"),
+             ("compile time", f"{res.seconds:.1f} s")]
+    return rows
+
+
+def _print_system(model: str, res, json_out: bool) -> None:
+    if json_out:
+        _print_json({"model": model, "seconds": res.seconds, **res.summary()})
+        return
+    out.print(f"[bold]{safe(model)}[/bold] on {safe(res.system.name)}")
+    for k, v in _system_rows(res):
+        out.print(f"  {k:17} {safe(v)}", soft_wrap=True)
+
+
+def _check_system(model, system, batch, dtype, seq_len, seed, stages, calibration, partials, json_out) -> None:
+    from tremula.check import check_system
+
+    dtype, partials = _dtype_arg(dtype, calibration), _partials_arg(partials)
+    with _Bar(not json_out) as bar:
+        res = check_system(model, system, _system_batch(batch), dtype, seq_len, seed, bar, stages,
+                           _calibration(calibration), partials)
+    if json_out:
+        _print_json({"model": model, "passed": res.passed, "outputs": [o.__dict__ for o in res.outputs],
+                     "matched": [{"stage": k, **o.__dict__} for k, o in res.matched],
+                     "simulation_seconds": round(res.sim_seconds, 3), **res.compile.summary()})
+    else:
+        _print_system(model, res.compile, False)
+        out.print(f"  against the float32 reference (seeded inputs, seed {seed}):")
+        for o in res.outputs:
+            op = "<=" if o.metric == "max_rel_err" else ">="
+            out.print(f"  {escape(printable(o.name).ljust(24))} cosine {o.cosine:.6f}  max rel err {o.rel_err:.3e}  "
+                      f"({o.metric} needs {op} {o.threshold:g})  {'ok' if o.passed else 'FAIL'}", soft_wrap=True)
+        if res.matched:
+            out.print("  each stage against its precision-matched reference, on the inputs it received:")
+            for k, o in res.matched:
+                out.print(f"  stage {k} {escape(printable(o.name).ljust(24))} max rel err {o.rel_err:.3e}  "
+                          f"(needs <= {o.threshold:.3g})  {'ok' if o.passed else 'FAIL'}", soft_wrap=True)
     if not res.passed:
         raise typer.Exit(1)
 

@@ -197,7 +197,8 @@ def _fixed_batch(model: ModelSpec) -> int | None:
 
 def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
                   seq_len: int | None = None, progress: Progress | None = None, require_fit: bool = True,
-                  calibration: dict[str, np.ndarray] | None = None, partials: str = "half") -> CompileResult:
+                  calibration: dict[str, np.ndarray] | None = None, partials: str = "half",
+                  scales: dict[str, int] | None = None) -> CompileResult:
     """Compile a model (a Graph, a model spec for load_model, or a batch -> Graph builder) for `chip`.
 
     batch=None is the model's own batch (an ONNX file's fixed one, else 1; a Graph's own); the result's `batch` is
@@ -209,7 +210,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     DoesNotFit (with the largest batch that fits when the model can be rebuilt at other batches). dtype="fp8"
     calibrates activation scales on `calibration` (input name -> array) or on CALIBRATION_SAMPLES seeded samples.
     partials: what fp16 and fp8 matmuls accumulate in, "half" (PopRT's choice, twice the fp16 AMP rate) or "float"
-    (passes/precision.with_partials); fp32 ignores it.
+    (passes/precision.with_partials); fp32 ignores it. `scales` (fp8): activation scales calibrated already, used
+    instead of calibrating (a pipeline stage takes the whole model's: multichip.py).
     """
     t0 = time.perf_counter()
     if isinstance(chip, str):
@@ -241,9 +243,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             raise TremulaError(f"the graph has batch {real}, not the batch {batch} asked; build it at that batch or "
                                "pass batch=None")
         refuse_oversize(build, graph, chip, dt)
-    scales = None
     shared_only = False
-    if dt == "fp8":
+    if dt == "fp8" and scales is None:
         if progress:
             progress("calibrate", 0, 1)
         scales = calibrate(build, model if isinstance(model, Graph) else None, calibration, chip)

@@ -57,7 +57,8 @@ class Need:
         return self.weights + self.live
 
 
-def _itemsize(t: TensorType, dtype: str | None) -> int:
+def stored_itemsize(t: TensorType, dtype: str | None) -> int:
+    """The fewest bytes an element of `t` takes on the chip at compile dtype `dtype` (None: on the host)."""
     if dtype is None:  # the host: what NumPy holds
         return t.itemsize
     if t.dtype.startswith("float"):
@@ -68,7 +69,7 @@ def _itemsize(t: TensorType, dtype: str | None) -> int:
 def needs(graph: Graph, dtype: str | None, batch: int | None = None) -> Need:
     """The bound for `graph` (canonical: fused ops never hold their intermediates) on the chip at compile dtype
     `dtype` ("float32", "float16", "fp8"), or on the host when dtype is None. Only types are read."""
-    size = {n: t.size * _itemsize(t, dtype) for n, t in graph.types.items()}
+    size = {n: t.size * stored_itemsize(t, dtype) for n, t in graph.types.items()}
     weights = sum(size[c] for c in graph.constants)
     per_node: dict[str, int] = {}
     best, where = 0, ""

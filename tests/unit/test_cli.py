@@ -183,3 +183,28 @@ def test_partials_option_reaches_the_compile_and_is_reported():
     assert p.returncode == 0 and "float16, half partials" in p.stdout
     p = run_cli("compile", "bert-tiny", "--chip", "examples/chips/tiny16.toml", "--dtype", "fp16", "--partials", "fp8")
     assert p.returncode != 0 and "unsupported --partials 'fp8'" in p.stderr
+
+
+def test_compile_and_check_on_a_system_of_several_chips(tmp_path):
+    """--system: a pipeline of stages, one chip each; the JSON gives each stage and the pipeline's figures."""
+    p = run_cli("compile", "bert-tiny", "--system", "2xc600", "--stages", "2", "--batch", "2", "--dtype", "fp16",
+                "--json", "--report", str(tmp_path / "r.html"))
+    assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["r.stage0.html", "r.stage1.html"]  # a profile per chip
+    data = json.loads(p.stdout)
+    assert data["stages"] == 2 and len(data["per_stage"]) == 2 and data["replicas"] == 1
+    assert data["period_cycles"] == max(s["stage_cycles"] for s in data["per_stage"]) + data["link_cycles"] + \
+        data["sync_cycles"]
+    p = run_cli("check", "gpt2-tiny", "--system", "4xc600", "--stages", "2", "--batch", "2", "--dtype", "fp16")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "2 stage(s) x 2 replica(s)" in p.stdout and "stage 1 last_hidden_state" in p.stdout
+    p = run_cli("systems", "--json")
+    assert p.returncode == 0 and {r["name"] for r in json.loads(p.stdout)} >= {"2xc600", "bow2000"}
+
+
+@pytest.mark.parametrize("args, needle", [  # (the library's own refusals: tests/models/test_multichip.py)
+    (("compile", "bert-tiny", "--stages", "2"), "--stages needs --system"),
+    (("check", "bert-tiny", "--system", "2xc600", "--inputs", "x.npz"), "--inputs is not supported with --system"),
+])
+def test_system_flags_refused_in_one_line(args, needle):
+    assert_one_line_error(run_cli(*args), needle)

@@ -32,6 +32,9 @@ _ENTRIES = [
     ZooEntry("bert-base-uncased", "bert", BertConfig(30522, 768, 12, 12, 3072, 512, 128)),
     ZooEntry("all-minilm-l6-v2", "bert", BertConfig(30522, 384, 6, 12, 1536, 512, 128)),
     ZooEntry("gpt2", "gpt2", GPT2Config(50257, 768, 12, 12, 3072, 1024, 128)),
+    # Bigger than one C600 in fp16 (issue #15): 774M and 632M parameters, 1.5 GB and 1.3 GB of fp16 weights.
+    ZooEntry("gpt2-large", "gpt2", GPT2Config(50257, 1280, 36, 20, 5120, 1024, 128)),
+    ZooEntry("vit-huge-patch14-224", "vit", _vision("vit", 1280, 32, 16, 5120, 224, 14, 1e-12, "gelu")),
     # Tiny siblings: same code paths (CLS/probe head, pooler, masks, causal), small enough to interpret in ms.
     ZooEntry("vit-tiny", "vit", _vision("vit", 32, 2, 2, 64, 32, 8, 1e-12, "gelu"), tiny=True),
     ZooEntry("siglip-tiny", "siglip", _vision("siglip", 32, 2, 4, 48, 32, 8, 1e-6, "gelu_tanh"), tiny=True),

@@ -346,22 +346,23 @@ def _check_consistency(chip: Chip, where: str) -> None:
 class _Reader:
     """Typed access to dotted keys of a parsed TOML document; every error names the file and the field."""
 
-    def __init__(self, data: dict[str, Any], where: str) -> None:
+    def __init__(self, data: dict[str, Any], where: str, kind: str = "chip file") -> None:
         self.data = data
         self.where = where
+        self.kind = kind  # what the messages call the file ("chip file", "system file")
         self.used: set[str] = set()
 
     def _get(self, dotted: str) -> Any:
         node: Any = self.data
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
-                raise TremulaError(f"chip file {self.where}: field '{dotted}' is missing")
+                raise TremulaError(f"{self.kind} {self.where}: field '{dotted}' is missing")
             node = node[part]
         self.used.add(dotted)
         return node
 
     def _fail(self, dotted: str, what: str, value: Any) -> TremulaError:
-        return TremulaError(f"chip file {self.where}: field '{dotted}' must be {what}, got {value!r}")
+        return TremulaError(f"{self.kind} {self.where}: field '{dotted}' must be {what}, got {value!r}")
 
     def table(self, dotted: str) -> dict[str, Any]:
         v = self._get(dotted)
@@ -413,7 +414,7 @@ class _Reader:
             if dotted.endswith("_source"):
                 continue
             if dotted not in self.used:
-                raise TremulaError(f"chip file {self.where}: unknown field '{dotted}' (check its spelling)")
+                raise TremulaError(f"{self.kind} {self.where}: unknown field '{dotted}' (check its spelling)")
 
 
 def _leaf_keys(node: dict[str, Any], prefix: str = "") -> list[str]:

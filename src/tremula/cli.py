@@ -497,7 +497,7 @@ def compile_cmd(
                      if path is not None for k in range(sysm.chips)}
         check_outputs(per_stage, model, None, calibration)
         with _Bar(not json_out) as bar:
-            sres = compile_system(model, sysm, _system_batch(batch), dtype, seq_len, progress=bar, stages=stages,
+            sres = compile_system(model, sysm, _batch_arg(batch), dtype, seq_len, progress=bar, stages=stages,
                                   calibration=_calibration(calibration), partials=partials)
         if report is not None or trace is not None:  # one profile per chip: each stage is a Program of its own
             from tremula.report import report_paths
@@ -673,19 +673,15 @@ def _stage_path(path: str, k: int) -> str:
     return str(p.with_name(f"{p.stem}.stage{k}{p.suffix}"))
 
 
-def _system_batch(batch: Optional[str]) -> int | None:
-    b = _batch_arg(batch)
-    if b == "auto":
-        raise TremulaError("--batch auto is not supported with --system yet: give a batch")
-    return b  # type: ignore[return-value]
-
-
 def _system_rows(res) -> list[tuple[str, str]]:
     """The system summary: per stage memory and cycles, then the pipeline's period, latency and throughput."""
     sysm, chip, clock = res.system, res.system.chip, res.system.chip.clock_hz
     rows = [("system", f"{sysm.name}: {sysm.chips} x {chip.name} ({sysm.description})"),
             ("batch / dtype", f"{res.batch} / {res.dtype}" + (f", {res.stages[0].partials} partials"
                                                               if res.dtype != "float32" else "")),
+            *([("batch auto", f"batch {res.batch} is the fastest of those planned with these stages ("
+                              + ", ".join(f"{b}: {r:,.0f}/s" for b, r in res.auto["rates"].items())
+                              + f"); the largest that fits is {res.auto['largest']}")] if res.auto else []),
             ("pipeline", f"{len(res.stages)} stage(s) x {res.replicas} replica(s); cut before node(s) "
                          f"{', '.join(map(str, res.cuts)) or '-'} of {res.nodes}")]
     for k, (r, c) in enumerate(zip(res.stages, res.stage_cycles)):
@@ -721,7 +717,7 @@ def _check_system(model, system, batch, dtype, seq_len, seed, stages, calibratio
 
     dtype, partials = _dtype_arg(dtype, calibration), _partials_arg(partials)
     with _Bar(not json_out) as bar:
-        res = check_system(model, system, _system_batch(batch), dtype, seq_len, seed, bar, stages,
+        res = check_system(model, system, _batch_arg(batch), dtype, seq_len, seed, bar, stages,
                            _calibration(calibration), partials)
     if json_out:
         _print_json({"model": model, "passed": res.passed, "outputs": [o.__dict__ for o in res.outputs],

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tremula.batch_search import MAX_AUTO_BATCH
 from tremula.compiler import CompileResult, DoesNotFit, ModelSpec, builder, compile_model
 from tremula.errors import NoFit, TremulaError
 from tremula.ir.graph import Graph, model_batch
@@ -72,6 +73,8 @@ class SystemResult:
     flops: int  # of one batch through the whole model
     nodes: int  # of the canonical graph (the last stage ends there)
     seconds: float = 0.0
+    # --batch auto: {"largest": the largest batch that fits with these stages, "rates": {batch: samples/s}}
+    auto: dict | None = None
     graph: Graph | None = field(default=None, repr=False)  # the canonical graph the stages were cut from
     source: Graph | None = field(default=None, repr=False)  # the graph as built (the check's reference)
 
@@ -124,6 +127,8 @@ class SystemResult:
             "period_cycles": self.period_cycles, "latency_cycles": self.latency_cycles,
             "latency_ms": 1e3 * self.latency_cycles / clock, "throughput": self.throughput, "mfu": self.mfu,
             "bound_by": self.bound_by,
+            **({"auto": {"largest": self.auto["largest"], "rates": {str(b): r for b, r in self.auto["rates"].items()}}}
+               if self.auto else {}),
         }
 
 
@@ -135,27 +140,62 @@ def compile_system(model: ModelSpec, system: System | str, batch: int | None = N
                    seq_len: int | None = None, progress: Progress | None = None, stages: int | None = None,
                    calibration: dict[str, np.ndarray] | None = None, partials: str = "half") -> SystemResult:
     """Compile `model` for a system: the fewest pipeline stages (from one up to the system's chips) whose Programs
-    all fit at `batch`, or exactly `stages` when given; the chips left over run replicas."""
+    all fit at `batch`, or exactly `stages` when given; the chips left over run replicas. batch="auto": the fastest
+    batch with the stages that batch 1 needs (_auto_batch)."""
     t0 = time.perf_counter()
     if isinstance(system, str):
         system = load_system(system)
     chip = system.chip
-    if batch == "auto":
-        raise TremulaError("--batch auto is not supported with --system yet: give a batch")
     if stages is not None and not 1 <= stages <= system.chips:
         raise TremulaError(f"--stages must be from 1 to the system's {system.chips} chips (got {stages})")
     dt = resolve_dtype(dtype)
     build = builder(model, seq_len)
-    source = model if isinstance(model, Graph) else build(batch)  # type: ignore[misc]
-    if batch is not None and model_batch(source) not in (None, batch):
-        raise TremulaError(f"the graph has batch {model_batch(source)}, not the batch {batch} asked")
-    batch = model_batch(source) or 1
-    graph = canonical(source)
     scales = None
     if dt == "fp8":  # once, on the whole model: a stage's inputs are activations only the stages before it make
         from tremula.fp8_calibration import calibrate
 
         scales = calibrate(build, model if isinstance(model, Graph) else None, calibration, chip)
+    if batch == "auto":
+        res = _auto_batch(model, system, dtype, seq_len, progress, stages, partials, scales, build)
+    else:
+        res = _compile_at(model, system, batch, dtype, progress, stages, partials, scales, build)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _auto_batch(model, system: System, dtype: str, seq_len, progress, stages, partials, scales, build) -> SystemResult:
+    """--batch auto on a system: the stages fixed by batch 1 (the fewest that fit, or `stages`), then batches
+    doubled while every stage fits and bisected between the last that fit and the first that did not; the fastest
+    of the batches that fit is the answer (SystemResult.auto lists them all, as compile_model's does)."""
+    if build is None:
+        raise TremulaError("--batch auto needs a model name or file, not an already built graph")
+    one = _compile_at(model, system, 1, dtype, progress, stages, partials, scales, build)
+    k = len(one.stages)
+    fits: dict[int, SystemResult] = {1: one}
+    lo, hi = 1, None  # the largest batch known to fit, the smallest known not to
+    while hi is None or hi - lo > 1:
+        b = lo * 2 if hi is None else (lo + hi) // 2
+        if b > MAX_AUTO_BATCH:
+            break
+        try:
+            fits[b] = _compile_at(model, system, b, dtype, progress, k, partials, scales, build)
+            lo = b
+        except NoFit:
+            hi = b
+    best = max(fits, key=lambda b: (fits[b].throughput, b))
+    res = fits[best]
+    res.auto = {"largest": lo, "rates": {b: fits[b].throughput for b in sorted(fits)}}
+    return res
+
+
+def _compile_at(model, system: System, batch, dtype: str, progress, stages, partials, scales, build) -> SystemResult:
+    chip = system.chip
+    dt = resolve_dtype(dtype)
+    source = model if isinstance(model, Graph) else build(batch)  # type: ignore[misc]
+    if batch is not None and model_batch(source) not in (None, batch):
+        raise TremulaError(f"the graph has batch {model_batch(source)}, not the batch {batch} asked")
+    batch = model_batch(source) or 1
+    graph = canonical(source)
     tried: list[str] = []
     for k in [stages] if stages is not None else range(1, system.chips + 1):
         cuts = balanced_cuts(graph, k, dt)
@@ -181,9 +221,7 @@ def compile_system(model: ModelSpec, system: System | str, batch: int | None = N
                 break
         if len(results) < len(parts):
             continue
-        res = _priced(system, parts, results, cuts, batch, dt, graph, source)
-        res.seconds = time.perf_counter() - t0
-        return res
+        return _priced(system, parts, results, cuts, batch, dt, graph, source)
     raise SystemDoesNotFit(f"{graph.name} does not fit on {system.name} at batch {batch}: " + "; ".join(tried)
                            + ". Try a smaller batch or a system of more chips")
 

@@ -127,9 +127,20 @@ def test_the_pipeline_period_is_the_slowest_stage_plus_the_links():
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(system="9xc600"), "unknown system"),
     (dict(stages=3), "--stages must be from 1 to the system's 2 chips"),
-    (dict(batch="auto"), "--batch auto is not supported with --system"),
 ])
 def test_system_requests_refused(kwargs, needle):
     args = dict(model="bert-tiny", system="2xc600", batch=2, dtype="fp32") | kwargs
     with pytest.raises(TremulaError, match=needle):
         compile_system(**args)
+
+
+def test_batch_auto_on_a_system_finds_the_largest_batch_and_compiles_the_fastest(tmp_path):
+    """tiny16 chips: --batch auto keeps the stages batch 1 needs, doubles and bisects to the largest batch whose
+    stages all fit (one more does not), and compiles the fastest of those it planned."""
+    path = _tiny_system(tmp_path, 2)
+    res = compile_system("bert-tiny", path, "auto", "fp32", stages=2)
+    largest, rates = res.auto["largest"], res.auto["rates"]
+    assert largest >= 2 and largest in rates and 1 in rates
+    assert res.batch == max(rates, key=lambda b: (rates[b], b)) and res.throughput == rates[res.batch]
+    with pytest.raises(SystemDoesNotFit):
+        compile_system("bert-tiny", path, largest + 1, "fp32", stages=2)

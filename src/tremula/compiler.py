@@ -180,6 +180,19 @@ def _exact(build: Callable[[int | None], Graph], batch: int | None) -> Graph:
     return getattr(build, "exact", build)(batch)
 
 
+def auto_batch_request(model: ModelSpec, build) -> str | None:
+    """What --batch auto asks for: "auto" (search), or None (the model's own batch) for an ONNX file whose batch is
+    fixed, whose other batches would be rebatched guesses of the user's intent (a notice says so)."""
+    if build is None:
+        raise TremulaError("--batch auto needs a model name or file, not an already built graph")
+    own = _fixed_batch(model)
+    if own is None:
+        return "auto"
+    notice(f"{model} was exported with a fixed batch of {own}: --batch auto answers for batch {own} without "
+           "searching (re-export it with a dynamic batch, dynamic_axes= or dynamic_shapes=, to search)")
+    return None
+
+
 def _fixed_batch(model: ModelSpec) -> int | None:
     """The batch an ONNX file fixes (None for anything else, or a dynamic batch)."""
     if not isinstance(model, str):
@@ -222,13 +235,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     check_fp8(chip, dt)
     build = builder(model, seq_len)
     if batch == "auto":
-        if build is None:
-            raise TremulaError("--batch auto needs a model name or file, not an already built graph")
-        own = _fixed_batch(model)
-        if own is not None:  # its other batches would be rebatched guesses of the user's intent: answer for its own
-            notice(f"{model} was exported with a fixed batch of {own}: --batch auto answers for batch {own} without "
-                   "searching (re-export it with a dynamic batch, dynamic_axes= or dynamic_shapes=, to search)")
-            batch = None
+        batch = auto_batch_request(model, build)
     elif batch is not None:
         batch = int(batch)
         if batch < 1:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tremula.batch_search import MAX_AUTO_BATCH
-from tremula.compiler import CompileResult, DoesNotFit, ModelSpec, builder, compile_model
+from tremula.compiler import CompileResult, DoesNotFit, ModelSpec, auto_batch_request, builder, compile_model
 from tremula.errors import NoFit, TremulaError
 from tremula.ir.graph import Graph, model_batch
 from tremula.limits import chip_capacity, needs
@@ -156,19 +156,19 @@ def compile_system(model: ModelSpec, system: System | str, batch: int | None = N
 
         scales = calibrate(build, model if isinstance(model, Graph) else None, calibration, chip)
     if batch == "auto":
-        res = _auto_batch(model, system, dtype, seq_len, progress, stages, partials, scales, build)
+        batch = auto_batch_request(model, build)
+    if batch == "auto":
+        res = _auto_batch(model, system, dtype, progress, stages, partials, scales, build)
     else:
         res = _compile_at(model, system, batch, dtype, progress, stages, partials, scales, build)
     res.seconds = time.perf_counter() - t0
     return res
 
 
-def _auto_batch(model, system: System, dtype: str, seq_len, progress, stages, partials, scales, build) -> SystemResult:
+def _auto_batch(model, system: System, dtype: str, progress, stages, partials, scales, build) -> SystemResult:
     """--batch auto on a system: the stages fixed by batch 1 (the fewest that fit, or `stages`), then batches
     doubled while every stage fits and bisected between the last that fit and the first that did not; the fastest
     of the batches that fit is the answer (SystemResult.auto lists them all, as compile_model's does)."""
-    if build is None:
-        raise TremulaError("--batch auto needs a model name or file, not an already built graph")
     one = _compile_at(model, system, 1, dtype, progress, stages, partials, scales, build)
     k = len(one.stages)
     fits: dict[int, SystemResult] = {1: one}

@@ -144,3 +144,17 @@ def test_batch_auto_on_a_system_finds_the_largest_batch_and_compiles_the_fastest
     assert res.batch == max(rates, key=lambda b: (rates[b], b)) and res.throughput == rates[res.batch]
     with pytest.raises(SystemDoesNotFit):
         compile_system("bert-tiny", path, largest + 1, "fp32", stages=2)
+
+
+def test_batch_auto_on_a_system_answers_a_fixed_batch_file_for_its_own_batch(tmp_path):
+    """As on one chip (compiler.auto_batch_request): an ONNX file exported at batch 2 is not searched."""
+    import onnx
+
+    from tremula.export import export_onnx
+    from tremula.frontends import load_model
+
+    path = tmp_path / "vit.onnx"
+    onnx.save(export_onnx(load_model("vit-tiny", batch=2)), str(path))
+    with pytest.warns(Warning, match="fixed batch of 2"):
+        res = compile_system(str(path), "2xc600", "auto", "fp16", stages=2)
+    assert res.batch == 2 and res.auto is None

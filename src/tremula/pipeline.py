@@ -31,14 +31,16 @@ DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16":
 # tiles have left (FREE); tighter budgets trade cycles for memory. Sharing streams
 # every layer's weights to all its tiles, which cost SigLIP so400m 0.1 % of its cycles at batch 4, and holds one
 # layer's vertex state and exchange code instead of one per layer (91 KB a tile less there). Shared layers are tried
-# first unbudgeted with the FREE operand budget (spread weights leave each tile its share of the free bytes), then
-# with the fixed budgets: the fixed ones alone cut SigLIP so400m fp16's fc2 into 12 rounds at batch 2 (half the model
-# on a chip, 20.0 M cycles; FREE: 11.3 M) and cost its fp8 plan at batch 8 58.2 M cycles against 53.3 M. A graph
-# without repeated layers (ir/layers.py) skips the shared budgets; a graph with them stops after them: once layers
-# share, the permanent budgets change little, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of
+# first with the FREE operand budget (spread weights leave each tile its share of the free bytes), then with the fixed
+# one: the fixed one alone cut SigLIP so400m fp16's fc2 into 12 rounds at batch 2 (half the model on a chip: 20.0 M
+# cycles, 12.1 M with FREE) and its fp8 plan at batch 8 took 58.2 M cycles (56.8 M). Without the permanent budget
+# (no residual panels, rows over all tiles) the shared plan is faster at batch 8 (53.3 M) and slower at batch 1
+# (10.3 M against 8.8 M): choosing between them needs both priced, which costs a lowering more. A graph without
+# repeated layers (ir/layers.py) skips the shared budgets; a graph with them stops after them: once layers share,
+# tighter permanent budgets change little, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of
 # host memory to plan.
 FREE = None  # a budget's operand fraction derived from the tile's free bytes (see plan_graph)
-PLAN_BUDGETS = ((FREE, None, False), (0.12, None, False), (0.12, 0.4, False), (FREE, None, True), (0.12, 0.4, True),
+PLAN_BUDGETS = ((FREE, None, False), (0.12, None, False), (0.12, 0.4, False), (FREE, 0.4, True), (0.12, 0.4, True),
                 (0.12, 0.3, False), (0.12, 0.2, False), (0.04, 0.2, False))
 
 

@@ -94,8 +94,8 @@ def _tiny_system(tmp_path, chips: int) -> str:
     """A system of `chips` tiny16 chips (16 tiles x 64 KiB each), written from the 4xc600 file."""
     text = (resources.files("tremula") / "systems" / "4xc600.toml").read_text()
     path = tmp_path / f"{chips}xtiny16.toml"
-    path.write_text(text.replace('chip = "c600"', f'chip = "{TINY16.as_posix()}"').replace("chips = 4", f"chips = {chips}")
-                    .replace('name = "4xc600"', f'name = "{chips}xtiny16"'))
+    path.write_text(text.replace('chip = "c600"', f'chip = "{TINY16.as_posix()}"')
+                    .replace("chips = 4", f"chips = {chips}").replace('name = "4xc600"', f'name = "{chips}xtiny16"'))
     return str(path)
 
 

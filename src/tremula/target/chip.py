@@ -408,6 +408,18 @@ class _Reader:
             raise self._fail(dotted, f"a positive number from {MIN_RATE:g} to {MAX_RATE:g}", v)
         return float(v)
 
+    def fraction(self, dotted: str) -> float:
+        v = self._get(dotted)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise self._fail(dotted, "a number in (0, 1]", v)
+        return float(v)
+
+    def nonneg_float(self, dotted: str) -> float:
+        v = self._get(dotted)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_RATE:
+            raise self._fail(dotted, f"a number from 0 to {MAX_RATE:g}", v)
+        return float(v)
+
     def check_no_unknown_keys(self) -> None:
         """A misspelt key would otherwise be ignored silently and its default never noticed."""
         for dotted in _leaf_keys(self.data):

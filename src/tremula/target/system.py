@@ -88,23 +88,9 @@ def _parse(text: str, where: str, folder: Path | None) -> System:
         chip=load_chip(chip_spec),
         chips=chips,
         link_bytes_per_second=r.pos_float("link_bytes_per_second"),
-        link_efficiency=_fraction(r, "link_efficiency"),
-        link_latency_seconds=_nonneg(r, "link_latency_seconds"),
-        streaming_memory_bytes=_nonneg(r, "streaming_memory_bytes"),
+        link_efficiency=r.fraction("link_efficiency"),
+        link_latency_seconds=r.nonneg_float("link_latency_seconds"),
+        streaming_memory_bytes=r.nonneg_float("streaming_memory_bytes"),
     )
     r.check_no_unknown_keys()
     return system
-
-
-def _fraction(r: _Reader, key: str) -> float:
-    v = r._get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise r._fail(key, "a number in (0, 1]", v)
-    return float(v)
-
-
-def _nonneg(r: _Reader, key: str) -> float:
-    v = r._get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e18:
-        raise r._fail(key, "a non-negative number", v)
-    return float(v)

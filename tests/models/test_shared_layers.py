@@ -123,6 +123,23 @@ def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
     assert all(t in tried[:3] for t in tried[3:])  # at most the best one lowered again
 
 
+def test_shared_layers_are_tried_first_with_the_free_operand_budget(monkeypatch):
+    """tiny16 at batch 8 fits no unshared plan; the first shared plan tried has the operand budget of what the tiles
+    have left (FREE, above the fixed 0.12 here), as the first unshared one has, and the permanent budget."""
+    tried = []
+
+    class Counting(Lowerer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            tried.append((self.temp_fraction, self.perm_fraction, self.share_layers))
+
+    monkeypatch.setattr(pipeline, "Lowerer", Counting)
+    compiler.compile_model(siglip4, "examples/chips/tiny16.toml", 8, "fp16", require_fit=False)
+    free = tried[0][0]
+    assert free > 0.12 and tried[0] == (free, None, False)
+    assert [t for t in tried if t[2]][0] == (free, 0.4, True)
+
+
 def test_the_profile_counts_shared_code_once(monkeypatch):
     """The report's memory per tile is what the memory plan counted (shared code once), and its comparison of
     exchange code leaves out the steps that run a template's code, on both sides."""

@@ -273,8 +273,8 @@ def _link_phase(system: System, link_bytes: list[int], link_hops: list[int]) -> 
 def simulate_system(program: SystemProgram, graphs: list[Graph], feeds: dict[str, np.ndarray], check: bool = True,
                     progress: Progress | None = None) -> tuple[dict[str, np.ndarray], list[dict], list[dict]]:
     """Run every stage's Program in pipeline order on `feeds` (the whole model's inputs), moving each Link's bytes
-    from its source stage's outputs into its destination's inputs. Returns (the model's outputs, each stage's
-    inputs, each stage's outputs). A stage input with a byte no Link wrote, a Link outside its value, or two Links
+    from its source stage's outputs into its destination's inputs. Returns (every stage output by name, the model's
+    outputs among them; each stage's inputs; each stage's outputs). A stage input with a byte no Link wrote, a Link outside its value, or two Links
     writing one byte fail with SimCheckError. `graphs`: each stage's planned graph (its weights)."""
     from tremula.sim.functional import SimCheckError, simulate
 

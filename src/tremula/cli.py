@@ -624,27 +624,18 @@ def check_cmd(
         out.print(f"[bold]{safe(model)}[/bold] on {safe(c.name)}, batch {res.compile.batch}, "
                   f"{res.compile.dtype}{part}, {safe(source)} (against the float32 reference)", soft_wrap=True)
         for o in res.outputs:
-            op = "<=" if o.metric == "max_rel_err" else ">="
-            mark = "ok" if o.passed else "FAIL"
-            out.print(f"  {escape(printable(o.name).ljust(24))} cosine {o.cosine:.6f}  max rel err {o.rel_err:.3e}  "
-                      f"({o.metric} needs {op} {o.threshold:g})  {mark}", soft_wrap=True)
+            out.print(_accuracy_line(o), soft_wrap=True)
         if res.matched:  # fp16 / fp8: did the simulator run the right Program, whatever its accuracy?
             out.print("  against the precision-matched reference (the planned graph in its own dtypes and sum orders):")
             for o in res.matched:
-                mark = "ok" if o.passed else "FAIL"
-                out.print(f"  {escape(printable(o.name).ljust(24))} max rel err {o.rel_err:.3e}  "
-                          f"(needs <= {o.threshold:.3g})  {mark}", soft_wrap=True)
+                out.print(_matched_line(o), soft_wrap=True)
         for oracle in res.oracles:
             note = f"{oracle.note} {expected}" if oracle.name == "expected" else oracle.note
             out.print(f"  against {safe(note)}:" if oracle.outputs else
                       f"  {oracle.name}: not compared: {safe(oracle.note)}", soft_wrap=True)
-            for o in oracle.outputs:
-                op = "<=" if o.metric == "max_rel_err" else ">="
-                mark = "ok" if o.passed else "FAIL"
-                need = f"({o.metric} needs {op} {o.threshold:g})" if o.metric in ("max_rel_err", "cosine") \
-                    else f"({safe(o.metric)})"
-                out.print(f"  {escape(printable(o.name).ljust(24))} cosine {o.cosine:.6f}  max rel err "
-                          f"{o.rel_err:.3e}  {need}  {mark}", soft_wrap=True)
+            for o in oracle.outputs:  # (a shape mismatch has its own "metric": say it as it is)
+                out.print(_accuracy_line(o, None if o.metric in ("max_rel_err", "cosine") else f"({safe(o.metric)})"),
+                          soft_wrap=True)
             if oracle.outputs and oracle.not_compared:
                 out.print(f"    not compared: {safe(', '.join(oracle.not_compared))}", soft_wrap=True)
         if res.layers:
@@ -656,6 +647,20 @@ def check_cmd(
                           soft_wrap=True)
     if not res.passed:
         raise typer.Exit(1)
+
+
+def _accuracy_line(o, need: str | None = None) -> str:
+    """One output against the float32 reference (or another oracle): both measures, what decides, ok or FAIL."""
+    op = "<=" if o.metric == "max_rel_err" else ">="
+    need = need or f"({o.metric} needs {op} {o.threshold:g})"
+    return (f"  {escape(printable(o.name).ljust(24))} cosine {o.cosine:.6f}  max rel err {o.rel_err:.3e}  {need}  "
+            f"{'ok' if o.passed else 'FAIL'}")
+
+
+def _matched_line(o, prefix: str = "") -> str:
+    """One output against the precision-matched reference."""
+    return (f"  {prefix}{escape(printable(o.name).ljust(24))} max rel err {o.rel_err:.3e}  "
+            f"(needs <= {o.threshold:.3g})  {'ok' if o.passed else 'FAIL'}")
 
 
 def _refuse_with_system(system: Optional[str], stages: Optional[int], given: dict[str, Any]) -> None:
@@ -727,14 +732,11 @@ def _check_system(model, system, batch, dtype, seq_len, seed, stages, calibratio
         _print_system(model, res.compile, False)
         out.print(f"  against the float32 reference (seeded inputs, seed {seed}):")
         for o in res.outputs:
-            op = "<=" if o.metric == "max_rel_err" else ">="
-            out.print(f"  {escape(printable(o.name).ljust(24))} cosine {o.cosine:.6f}  max rel err {o.rel_err:.3e}  "
-                      f"({o.metric} needs {op} {o.threshold:g})  {'ok' if o.passed else 'FAIL'}", soft_wrap=True)
+            out.print(_accuracy_line(o), soft_wrap=True)
         if res.matched:
             out.print("  each stage against its precision-matched reference, on the inputs it received:")
             for k, o in res.matched:
-                out.print(f"  stage {k} {escape(printable(o.name).ljust(24))} max rel err {o.rel_err:.3e}  "
-                          f"(needs <= {o.threshold:.3g})  {'ok' if o.passed else 'FAIL'}", soft_wrap=True)
+                out.print(_matched_line(o, f"stage {k} "), soft_wrap=True)
     if not res.passed:
         raise typer.Exit(1)
 

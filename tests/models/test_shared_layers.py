@@ -100,14 +100,8 @@ def test_unshared_plans_are_unchanged_by_the_layer_machinery(monkeypatch):
     assert res.shared_layers == 0 and len(res.program.shared_steps) == 0
 
 
-def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
-    """With repeated layers, the planner tries the two fastest unshared budgets, then the shared ones, and no tighter
-    budget after them (they change little once layers share, and cost host memory); the reported plan is the one with
-    the lowest peak."""
-    text = open("examples/chips/tiny16.toml").read().replace("sram_bytes_per_tile = 65536",
-                                                             "sram_bytes_per_tile = 49152")
-    chip = tmp_path / "tiny16-48k.toml"
-    chip.write_text(text)
+def _budgets_tried(monkeypatch) -> list[tuple]:
+    """The (operand fraction, permanent fraction, shared) of every lowering the planner makes, in order."""
     tried = []
 
     class Counting(Lowerer):
@@ -116,6 +110,18 @@ def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
             tried.append((self.temp_fraction, self.perm_fraction, self.share_layers))
 
     monkeypatch.setattr(pipeline, "Lowerer", Counting)
+    return tried
+
+
+def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
+    """With repeated layers, the planner tries the two fastest unshared budgets, then the shared ones, and no tighter
+    budget after them (they change little once layers share, and cost host memory); the reported plan is the one with
+    the lowest peak."""
+    text = open("examples/chips/tiny16.toml").read().replace("sram_bytes_per_tile = 65536",
+                                                             "sram_bytes_per_tile = 49152")
+    chip = tmp_path / "tiny16-48k.toml"
+    chip.write_text(text)
+    tried = _budgets_tried(monkeypatch)
     res = compiler.compile_model(siglip4, str(chip), 8, "fp16", require_fit=False)
     assert not res.fits
     # (FREE is the fixed 0.12 on this chip, so each FREE budget equals the fixed one after it and is tried once)
@@ -126,14 +132,7 @@ def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
 def test_shared_layers_are_tried_first_with_the_free_operand_budget(monkeypatch):
     """tiny16 at batch 8 fits no unshared plan; the first shared plan tried has the operand budget of what the tiles
     have left (FREE, above the fixed 0.12 here), as the first unshared one has, and the permanent budget."""
-    tried = []
-
-    class Counting(Lowerer):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            tried.append((self.temp_fraction, self.perm_fraction, self.share_layers))
-
-    monkeypatch.setattr(pipeline, "Lowerer", Counting)
+    tried = _budgets_tried(monkeypatch)
     compiler.compile_model(siglip4, "examples/chips/tiny16.toml", 8, "fp16", require_fit=False)
     free = tried[0][0]
     assert free > 0.12 and tried[0] == (free, None, False)

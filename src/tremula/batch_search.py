@@ -15,11 +15,12 @@ from tremula.pipeline import Progress, canonical, keep_fastest, plan_graph, pric
 MAX_AUTO_BATCH = 4096
 
 
-def _needs(graph: Graph, dt: str) -> tuple[limits.Need, limits.Need]:
-    """The lower bounds (limits.py) of `graph` on the chip at `dt` and on the host."""
+def _needs(graph: Graph, dt: str, weights: str = "resident") -> tuple[limits.Need, limits.Need]:
+    """The lower bounds (limits.py) of `graph` on the chip at `dt` and on the host; unless every weight must be
+    resident, the chip's counts the repeated layers' weights as streaming leaves them (limits.needs)."""
     g = canonical(graph)
     b = model_batch(graph)
-    return limits.needs(g, dt, b), limits.needs(g, None, b)
+    return limits.needs(g, dt, b, stream=weights != "resident"), limits.needs(g, None, b)
 
 
 def _caps(chip) -> tuple[int, int | None]:
@@ -31,14 +32,15 @@ def _memory_names(chip) -> tuple[str, str]:
             f"the {limits.HOST_FRACTION:.0%} of this host's memory tremula allows itself")
 
 
-def bound_limit(build: Callable[[int | None], Graph], chip, dt: str, host_only: bool = False) -> int:
+def bound_limit(build: Callable[[int | None], Graph], chip, dt: str, host_only: bool = False,
+                weights: str = "resident") -> int:
     """The largest batch the lower bound allows on the chip and the host (0: not batch 1), from the model built
     at batches 1 and 2; a model that cannot be built at another batch gives no limit."""
     try:
         g1, g2 = build(1), build(2)
     except FixedBatch:
         return limits.UNBOUNDED
-    (c1, h1), (c2, h2) = _needs(g1, dt), _needs(g2, dt)
+    (c1, h1), (c2, h2) = _needs(g1, dt, weights), _needs(g2, dt, weights)
     cap, host = _caps(chip)
     best = limits.largest_batch(c1, c2, cap) if not host_only else limits.UNBOUNDED
     if host is not None:
@@ -46,10 +48,11 @@ def bound_limit(build: Callable[[int | None], Graph], chip, dt: str, host_only: 
     return best
 
 
-def refuse_oversize(build, graph: Graph, chip, dt: str, what: str | None = None, host_only: bool = False) -> None:
+def refuse_oversize(build, graph: Graph, chip, dt: str, what: str | None = None, host_only: bool = False,
+                    weights: str = "resident") -> None:
     """Raise limits.TooBig when `graph` cannot fit by the lower bound, with the largest batch that could; planning
     a batch that cannot fit took minutes and gigabytes before failing (issue #11)."""
-    chip_need, host_need = _needs(graph, dt)
+    chip_need, host_need = _needs(graph, dt, weights)
     cap, host = _caps(chip)
     on_chip, on_host = _memory_names(chip)
     if not host_only and chip_need.total > cap:
@@ -63,7 +66,7 @@ def refuse_oversize(build, graph: Graph, chip, dt: str, what: str | None = None,
     if b == 1:
         max_b = 0
     elif build is not None and b is not None:
-        max_b = bound_limit(build, chip, dt, host_only=host_only)
+        max_b = bound_limit(build, chip, dt, host_only=host_only, weights=weights)
         max_b = min(max_b, b - 1)
     raise limits.refusal(need, limit, what or f"{graph.name} at batch {b}", max_b, memory, samples=host_only)
 
@@ -71,17 +74,17 @@ def refuse_oversize(build, graph: Graph, chip, dt: str, what: str | None = None,
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
             scales: dict[str, int] | None = None, shared_only: bool = False,
             partials: str = "float", rates: dict[int, float] | None = None,
-            plans: dict | None = None) -> tuple[bool, bool]:
+            plans: dict | None = None, weights: str = "auto") -> tuple[bool, bool]:
     """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares).
     A batch over the lower bound (limits.py) is answered without planning. `rates`: a plan that fits has its
     modelled samples/s put there by batch (its Program priced as the compile prices it); `plans` (with rates):
     the fastest plan so far is kept there whole (pipeline.keep_fastest), for the compile to reuse."""
     graph = build(batch)
-    (on_chip, on_host), (cap, host) = _needs(graph, dtype), _caps(chip)
+    (on_chip, on_host), (cap, host) = _needs(graph, dtype, weights), _caps(chip)
     if on_chip.total > cap or (host is not None and on_host.total > host):
         return False, True
     g, state, mp, live, reserved = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only,
-                                              partials=partials)
+                                              partials=partials, weights=weights)
     if mp.fits and rates is not None:
         priced = price_plan(g, state, mp, live, reserved, chip, dtype, batch, shared_only)
         rates[batch] = priced.rate
@@ -93,7 +96,8 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
 
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
                    progress: Progress | None = None, scales: dict[str, int] | None = None,
-                   one_fits: bool | None = None, found: dict | None = None, partials: str = "float") -> int:
+                   one_fits: bool | None = None, found: dict | None = None, partials: str = "float",
+                   weights: str = "auto") -> int:
     """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only. Fitting
     is not strictly monotone in the batch (splits and budgets change with it), so this is the largest the search
     finds, and every batch it returns has a plan that fits.
@@ -112,7 +116,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         from tremula.passes.precision import activation_casts, fp8_linear_casts
 
         scales = {n.name: 0 for n in activation_casts(fp8_linear_casts(canonical(build(1))))}
-    limit = min(limit, bound_limit(build, chip, dt))
+    limit = min(limit, bound_limit(build, chip, dt, weights=weights))
     if limit < 1:
         return 0
     probes = 0
@@ -127,7 +131,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         if progress:
             progress("batch search", probes, probes + 1)
         fits, shared = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
-                               rates=rates, plans=plans)
+                               rates=rates, plans=plans, weights=weights)
         if shared:
             shared_from = min(shared_from, b)
         return fits

@@ -121,7 +121,8 @@ def _errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 def check_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
                 seq_len: int | None = None, seed: int = 0, progress: Progress | None = None, check: bool = True,
                 calibration: dict[str, np.ndarray] | None = None, inputs: dict[str, np.ndarray] | None = None,
-                expected: dict[str, np.ndarray] | None = None, partials: str = "half") -> CheckResult:
+                expected: dict[str, np.ndarray] | None = None, partials: str = "half",
+                weights: str = "auto") -> CheckResult:
     """Compile, run the Program in the functional simulator on seeded inputs, compare with the reference interpreter.
     `batch` as in compile_model (None: the model's own); the check runs at the batch compiled.
 
@@ -148,7 +149,8 @@ def check_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: s
         raise TremulaError("--expected needs --inputs: expected outputs are for the inputs you give")
     if inputs is not None:  # every check of the user's arrays before the compile, which can take minutes
         batch, graph, user, expected = _user_arrays(model, build, batch, inputs, expected)
-    res = compile_model(model, chip, batch, dtype, seq_len, progress, calibration=calibration, partials=partials)
+    res = compile_model(model, chip, batch, dtype, seq_len, progress, calibration=calibration, partials=partials,
+                        weights=weights)
     if inputs is None:
         graph = res.source if res.source is not None else build(res.batch)  # type: ignore[misc]
     ref_graph = canonical(graph)

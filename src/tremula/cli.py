@@ -273,14 +273,20 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
                                     if res.shared_layers else "")),
         ("cycles / forward", f"{res.cycles:,} (compute {res.compute_cycles:,}, exchange {res.exchange_cycles:,}, "
                              f"sync {res.sync_cycles:,})"),
-        ("host I/O", f"{res.host_cycles:,} cycles (in {res.host_in_cycles:,} for {human_bytes(res.host_in_bytes)}, "
-                     f"out {res.host_out_cycles:,} for {human_bytes(res.host_out_bytes)}; "
+        ("host I/O", f"{res.host_cycles:,} cycles (in {res.host_in_cycles:,} for {human_bytes(res.host_in_bytes)}"
+                     + (f", {human_bytes(res.streamed_bytes)} of it weights streamed" if res.streamed_bytes else "")
+                     + f", out {res.host_out_cycles:,} for {human_bytes(res.host_out_bytes)}; "
                      f"{chip.host_bytes_per_second / 1e9:.3g} GB/s a direction)"),
         ("latency", f"{seconds * 1e3:.3f} ms per batch (host in + device + host out)"),
         ("throughput", f"{res.batch / seconds:,.1f} samples/s (host I/O not overlapped with device work: no IO "
                        "tiles, PopART's default)" if seconds > 0 else "-"),
         ("compile time", f"{res.seconds:.1f} s"),
     ]
+    if res.streamed_layers:  # weights streamed from host memory (plan/stream.py)
+        layers = ", ".join(f"{n} layers of {r}" for r, n in res.streamed_layers.items())
+        rows.insert([r[0] for r in rows].index("host I/O") + 1, (
+            "  weights streamed", f"{layers} from host memory, {human_bytes(res.streamed_bytes)} a forward in "
+                                  "exchange phases (two of those layers' weights on the chip at a time)"))
     if res.auto:  # --batch auto: the fastest batch the search planned, beside the largest that fits
         rates = res.auto["rates"]
         listed = ", ".join(f"{b}: {r:,.0f}/s" for b, r in rates.items())
@@ -314,6 +320,10 @@ DTYPE_OPT = typer.Option("fp32", "--dtype", help="fp32, fp16, or fp8 (FP8 matmul
 PARTIALS_OPT = typer.Option("half", "--partials",
                             help="fp16/fp8: what matmuls accumulate in: half (PopRT's choice: twice the fp16 AMP "
                                  "rate, rounded to half every 16 input channels) or float (float32 partials).")
+WEIGHTS_OPT = typer.Option("auto", "--weights",
+                           help="auto: keep every weight on the chip, or when that does not fit, stream the fewest "
+                                "repeated layers' weights from host memory that make it fit; resident: never stream; "
+                                "streamed: stream every repeated layer's weights (two layers on the chip at a time).")
 CALIB_OPT = typer.Option(None, "--calibration",
                          help="fp8: calibration inputs, an .npz of input name -> array or an .npy for a one-input "
                               "model (default: four seeded samples).")
@@ -327,6 +337,15 @@ def _dtype_arg(dtype: str, calibration: Optional[str]) -> str:
     if calibration is not None and key != "fp8":
         raise TremulaError(f"--calibration applies to --dtype fp8 only (it sets FP8 activation scales); "
                            f"drop it at {key}")
+    return key
+
+
+def _weights_arg(weights: str) -> str:
+    from tremula.pipeline import WEIGHTS
+
+    key = weights.strip().lower()
+    if key not in WEIGHTS:
+        raise TremulaError(f"unsupported --weights {weights!r}: use {', '.join(WEIGHTS)}")
     return key
 
 
@@ -470,6 +489,7 @@ def compile_cmd(
     seq_len: Optional[int] = SEQ_OPT,
     calibration: Optional[str] = CALIB_OPT,
     partials: str = PARTIALS_OPT,
+    weights: str = WEIGHTS_OPT,
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the Program to this file."),
     report: Optional[str] = typer.Option(None, "--report", help="Write a self-contained HTML profile here."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome Trace Event JSON (Perfetto) here."),
@@ -485,9 +505,10 @@ def compile_cmd(
     from tremula.outputs import check_outputs
     from tremula.program import save_program
 
-    dtype, partials = _dtype_arg(dtype, calibration), _partials_arg(partials)
+    dtype, partials, weights = _dtype_arg(dtype, calibration), _partials_arg(partials), _weights_arg(weights)
     if system is not None or stages is not None:
-        _refuse_with_system(system, stages, {"--output": output, "--timetable": timetable or None})
+        _refuse_with_system(system, stages, {"--output": output, "--timetable": timetable or None,
+                                             "--weights": None if weights == "auto" else weights})
         from tremula.multichip import compile_system
         from tremula.target.system import load_system
 
@@ -517,7 +538,7 @@ def compile_cmd(
     calibration_inputs = _calibration(calibration)
     with _Bar(not json_out) as bar:
         res = compile_model(model, c, _batch_arg(batch), dtype, seq_len, progress=bar, calibration=calibration_inputs,
-                            partials=partials)
+                            partials=partials, weights=weights)
     if output is not None:  # with what `tremula run` needs to stand alone: the chip's TOML and the weights' hash
         from tremula.provenance import seal
 
@@ -577,6 +598,7 @@ def check_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs (a non-negative integer)."),
     calibration: Optional[str] = CALIB_OPT,
     partials: str = PARTIALS_OPT,
+    weights: str = WEIGHTS_OPT,
     inputs: Optional[str] = typer.Option(None, "--inputs",
                                          help="Check on your inputs instead of seeded ones: an .npz of input name -> "
                                               "array (an .npy for a one-input model); their first dimension is the "
@@ -595,8 +617,10 @@ def check_cmd(
 
     if seed < 0:  # numpy's generators take none, and a one-line answer beats an internal error after the compile
         raise TremulaError(f"--seed must be a non-negative integer (got {seed})")
+    weights = _weights_arg(weights)
     if system is not None or stages is not None:
-        _refuse_with_system(system, stages, {"--inputs": inputs, "--expected": expected})
+        _refuse_with_system(system, stages, {"--inputs": inputs, "--expected": expected,
+                                             "--weights": None if weights == "auto" else weights})
         _check_system(model, system, batch, dtype, seq_len, seed, stages, calibration, partials, json_out)
         return
     if expected is not None and inputs is None:
@@ -610,7 +634,7 @@ def check_cmd(
     with _Bar(not json_out) as bar:
         res = check_model(model, c, _batch_arg(batch), dtype, seq_len, seed=seed, progress=bar,
                           calibration=calibration_inputs, inputs=user_inputs, expected=expected_outputs,
-                          partials=partials)
+                          partials=partials, weights=weights)
     if json_out:
         _print_json({"model": model, "chip": c.name, "passed": res.passed, "inputs": res.inputs,
                      "outputs": [o.__dict__ for o in res.outputs], "simulation_seconds": round(res.sim_seconds, 3),

@@ -29,7 +29,7 @@ from tremula.pipeline import (
     priced_program,
     resolve_dtype,
 )
-from tremula.program import Program
+from tremula.program import Program, streamed_weight_bytes
 
 ModelSpec = Union[Graph, str, Callable[[int], Graph]]  # noqa: UP007 (a runtime alias)
 
@@ -94,6 +94,10 @@ class CompileResult:
     host_out_bytes: int = 0
     host_in_cycles: int = 0
     host_out_cycles: int = 0
+    # Of host_in_bytes: the weights streamed from host memory on every run (plan/stream.py), and the layers they
+    # belong to ({run: number of its layers streamed}); 0 and {} when every weight is resident.
+    streamed_bytes: int = 0
+    streamed_layers: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the compile (not stored in the Program, which must be deterministic)
     graph: Graph | None = field(default=None, repr=False)  # the graph as planned (after the precision passes)
     # the graph as built, before any pass: the check's float32 reference, which so shares the planned graph's
@@ -131,6 +135,7 @@ class CompileResult:
                 "sync_cycles": self.sync_cycles, "shared_layers": self.shared_layers, "partials": self.partials,
                 "host_in_bytes": self.host_in_bytes, "host_out_bytes": self.host_out_bytes,
                 "host_in_cycles": self.host_in_cycles, "host_out_cycles": self.host_out_cycles,
+                "streamed_bytes": self.streamed_bytes, "streamed_layers": self.streamed_layers,
                 "host_cycles": self.host_cycles, "latency_cycles": self.latency_cycles,
                 "host_overlaps_device": False, "throughput_cycles": self.throughput_cycles,
                 **({"auto": {"largest": self.auto["largest"],
@@ -211,7 +216,7 @@ def _fixed_batch(model: ModelSpec) -> int | None:
 def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
                   seq_len: int | None = None, progress: Progress | None = None, require_fit: bool = True,
                   calibration: dict[str, np.ndarray] | None = None, partials: str = "half",
-                  scales: dict[str, int] | None = None) -> CompileResult:
+                  scales: dict[str, int] | None = None, weights: str = "auto") -> CompileResult:
     """Compile a model (a Graph, a model spec for load_model, or a batch -> Graph builder) for `chip`.
 
     batch=None is the model's own batch (an ONNX file's fixed one, else 1; a Graph's own); the result's `batch` is
@@ -224,7 +229,9 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     calibrates activation scales on `calibration` (input name -> array) or on CALIBRATION_SAMPLES seeded samples.
     partials: what fp16 and fp8 matmuls accumulate in, "half" (PopRT's choice, twice the fp16 AMP rate) or "float"
     (passes/precision.with_partials); fp32 ignores it. `scales` (fp8): activation scales calibrated already, used
-    instead of calibrating (a pipeline stage takes the whole model's: multichip.py).
+    instead of calibrating (a pipeline stage takes the whole model's: multichip.py). weights: "auto" streams the
+    weights of the fewest layers from host memory that make a plan fit when keeping them all on the chip does not,
+    "resident" never streams, "streamed" streams every repeated layer (pipeline.plan_graph, plan/stream.py).
     """
     t0 = time.perf_counter()
     if isinstance(chip, str):
@@ -249,7 +256,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         if batch is not None and real is not None and real != batch:
             raise TremulaError(f"the graph has batch {real}, not the batch {batch} asked; build it at that batch or "
                                "pass batch=None")
-        refuse_oversize(build, graph, chip, dt)
+        refuse_oversize(build, graph, chip, dt, weights=weights)
     shared_only = False
     if dt == "fp8" and scales is None:
         if progress:
@@ -259,8 +266,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         assert build is not None
         # Batch 1 first: when it does not fit, its plan is what the error reports.
         one = build(1)
-        refuse_oversize(build, one, chip, dt)
-        g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=scales, partials=partials)
+        refuse_oversize(build, one, chip, dt, weights=weights)
+        g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=scales, partials=partials, weights=weights)
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
         priced = price_plan(g1, state, mp, live, reserved, chip, dt, 1)
@@ -272,7 +279,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             found["plans"] = {1: priced}
         g1 = state = live = reserved = one = priced = None
         largest = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found,
-                                 partials=partials)
+                                 partials=partials, weights=weights)
         # The fastest of the batches planned (a larger batch can be slower: more rounds, tighter budgets); on a tie
         # the larger.
         rates = found["rates"]
@@ -292,7 +299,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         g, state, mp, live, reserved = kept.graph, kept.state, kept.mp, kept.live, kept.reserved
         program, comp, exch, sync = kept.program, kept.compute, kept.exchange, kept.sync
     else:
-        g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials)
+        g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights)
         program = None
     kept = auto_plans = None
     if require_fit and not mp.fits:
@@ -300,7 +307,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         max_b = 0 if batch == 1 else None
         if build is not None and batch > 1:
             try:
-                max_b = find_max_batch(build, chip, dtype, limit=batch - 1, scales=scales, partials=partials)
+                max_b = find_max_batch(build, chip, dtype, limit=batch - 1, scales=scales, partials=partials,
+                                       weights=weights)
             except FixedBatch:  # fixed at this batch and not rebatchable: no other batch to offer
                 max_b = None
         raise _does_not_fit(state, mp, live, chip, batch, max_b)
@@ -313,6 +321,10 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     res.partials = partials if dt in ("float16", "fp8") else "float"
     res.auto = auto
     res.host_in_bytes, res.host_out_bytes, res.host_in_cycles, res.host_out_cycles = host_cycles(program, chip)
+    res.streamed_bytes = streamed_weight_bytes(program.consts)
+    streaming = getattr(state, "streaming", None)
+    for run, _ in streaming.layers if streaming is not None else ():
+        res.streamed_layers[run] = res.streamed_layers.get(run, 0) + 1
     program.meta = {"summary": res.summary(), "model": graph.name}
     res.seconds = time.perf_counter() - t0
     return res

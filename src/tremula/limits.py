@@ -66,11 +66,15 @@ def stored_itemsize(t: TensorType, dtype: str | None) -> int:
     return 1
 
 
-def needs(graph: Graph, dtype: str | None, batch: int | None = None) -> Need:
+def needs(graph: Graph, dtype: str | None, batch: int | None = None, stream: bool = False) -> Need:
     """The bound for `graph` (canonical: fused ops never hold their intermediates) on the chip at compile dtype
-    `dtype` ("float32", "float16", "fp8"), or on the host when dtype is None. Only types are read."""
+    `dtype` ("float32", "float16", "fp8"), or on the host when dtype is None. Only types are read. `stream` (the
+    chip): the weights of runs of repeated layers may be streamed from host memory (plan/stream.py), which leaves
+    two layers' weights of each run on the chip."""
     size = {n: t.size * stored_itemsize(t, dtype) for n, t in graph.types.items()}
     weights = sum(size[c] for c in graph.constants)
+    if stream and dtype is not None:
+        weights -= streamable_bytes(graph, size)
     per_node: dict[str, int] = {}
     best, where = 0, ""
     for n in graph.nodes:
@@ -81,6 +85,29 @@ def needs(graph: Graph, dtype: str | None, batch: int | None = None) -> Need:
         if live > best:
             best, where = live, label
     return Need(batch, weights, best, where, per_node)
+
+
+def streamable_bytes(graph: Graph, size: dict[str, int]) -> int:
+    """Bytes of constants streaming can keep off the chip: in each run of MIN_RUN or more repeated layers
+    (ir/layers.py), every layer's own constants but the two largest layers'."""
+    from tremula.ir.layers import find_layers, node_key
+    from tremula.plan.stream import MIN_RUN
+
+    layers = find_layers(graph)
+    owners: dict[str, set] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v in graph.constants:
+                owners.setdefault(v, set()).add(layers.get(node_key(n)))
+    per_layer: dict[tuple, int] = {}
+    for v, keys in owners.items():
+        if len(keys) == 1 and None not in keys:  # read by one layer only
+            (key,) = keys
+            per_layer[key] = per_layer.get(key, 0) + size[v]
+    runs: dict[str, list[int]] = {}
+    for (run, _), nbytes in per_layer.items():
+        runs.setdefault(run, []).append(nbytes)
+    return sum(sum(b) - sum(sorted(b)[-2:]) for b in runs.values() if len(b) >= MIN_RUN)
 
 
 def largest_batch(p: Need, q: Need, cap: int) -> int:

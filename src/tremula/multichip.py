@@ -209,8 +209,9 @@ def _compile_at(model, system: System, batch, dtype: str, progress, stages, part
         results = []
         for i, p in enumerate(parts):
             try:
+                # every stage keeps its weights on its chip: the pipeline's period does not charge streamed ones
                 results.append(compile_model(p.graph, chip, None, dtype, progress=progress, partials=partials,
-                                             scales=scales))
+                                             scales=scales, weights="resident"))
             except DoesNotFit as e:
                 cats = ", ".join(f"{c} {v:,}" for c, v in e.by_category.items() if v)
                 tried.append(f"{k} stage(s): stage {i} (nodes {p.first}..{p.end - 1}) needs {e.peak:,} of {e.sram:,} "

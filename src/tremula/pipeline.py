@@ -12,14 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from tremula import limits
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node
 from tremula.ir.interp import infer_types
 from tremula.ir.layers import find_layers
-from tremula.plan.finalize import memory_plan, to_program
+from tremula.plan.finalize import StreamConflict, memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
 from tremula.plan.lower_ops import Lowerer, free_temp_fraction
-from tremula.program import Program, host_stream_bytes
+from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers
+from tremula.program import Program, host_stream_bytes, streamed_weight_bytes
 from tremula.target.cost import host_transfer_cycles
 from tremula.target.step_cost import step_cycles
 
@@ -38,7 +40,9 @@ DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16":
 # (10.3 M against 8.8 M): choosing between them needs both priced, which costs a lowering more. A graph without
 # repeated layers (ir/layers.py) skips the shared budgets; a graph with them stops after them: once layers share,
 # tighter permanent budgets change little, and a tighter operand budget at batch 16 took SigLIP so400m over 9 GB of
-# host memory to plan.
+# host memory to plan. A shared plan that does not fit may stream the weights of its last layers from host memory
+# (--weights, plan/stream.py) before a tighter budget is tried; when every weight on the chip cannot fit at all, only
+# shared plans are tried.
 FREE = None  # a budget's operand fraction derived from the tile's free bytes (see plan_graph)
 PLAN_BUDGETS = ((FREE, None, False), (0.12, None, False), (0.12, 0.4, False), (FREE, 0.4, True), (0.12, 0.4, True),
                 (0.12, 0.3, False), (0.12, 0.2, False), (0.04, 0.2, False))
@@ -124,8 +128,11 @@ def priced_program(g: Graph, state, mp, live, reserved, chip, dt: str, batch: in
 
 
 def host_cycles(program, chip) -> tuple[int, int, int, int]:
-    """(bytes in, bytes out, cycles in, cycles out) of a Program's host streams over the chip's host link."""
-    b_in, b_out = host_stream_bytes(program.host_in), host_stream_bytes(program.host_out)
+    """(bytes in, bytes out, cycles in, cycles out) of a Program's host streams over the chip's host link. Bytes in
+    are the inputs and the weights streamed from host memory (plan/stream.py), which cross the link in the same
+    direction on every run."""
+    b_in = host_stream_bytes(program.host_in) + streamed_weight_bytes(program.consts)
+    b_out = host_stream_bytes(program.host_out)
     return b_in, b_out, host_transfer_cycles(chip, b_in), host_transfer_cycles(chip, b_out)
 
 
@@ -172,10 +179,63 @@ def check_fp8(chip, dtype: str) -> None:
                            "use --dtype fp16")
 
 
+def _streamed_plan(state, chip, mp, everything: bool):
+    """(memory plan, liveness, reserved) of the lowered `state` with the fewest trailing layers of each run
+    streamed from host memory that make it fit (plan/stream.py), or with all of them when `everything`. When
+    streaming them all does not make it fit either, that plan if its peak is lower than `mp`'s (what the "does not
+    fit" error then reports); None when the layers cannot be streamed or that helps nothing (the state is left as
+    it was).
+
+    Every streamed byte crosses the host link on every forward, in series with the compute, so the fewest layers
+    that fit is also the fastest choice of k for this plan: fewer bytes, same steps."""
+    runs = streamable_runs(state)
+    if not runs or getattr(state, "sharing", None) is None:
+        return None
+    saved = state.sharing, getattr(state, "streaming", None)
+    longest = max(len(js) for js in runs.values())
+    # one layer's weights on the fullest tile (spread storage puts about as much on every tile)
+    run, js = next(iter(runs.items()))
+    per_tile = np.zeros(state.T, np.int64)
+    for b, key in state.weight_layer.items():
+        if key == (run, js[0]):
+            np.add.at(per_tile, state.bufs[b].tiles, state.bufs[b].sizes)
+    layer = max(1, int(per_tile[mp.fullest_tile]) or int(per_tile.mean()))
+    k = longest if everything else max(MIN_RUN, 2 + -(-(mp.peak_bytes - chip.sram_bytes_per_tile) // layer))
+    k, plan = min(k, longest), None
+    while True:
+        streaming = plan_streaming(state, trailing_layers(state, k))
+        if isinstance(streaming, str):
+            break
+        try:
+            plan = memory_plan(state, chip, streaming)
+        except StreamConflict:
+            plan = None
+            break
+        if plan[0].fits or everything or k == longest:
+            break
+        k = min(longest, k + max(1, -(-(plan[0].peak_bytes - chip.sram_bytes_per_tile) // layer)))
+    if plan is not None and (plan[0].fits or everything):
+        return plan
+    if plan is not None and plan[0].peak_bytes < mp.peak_bytes:
+        return plan  # the least it can do: streaming every layer (state.streaming says so)
+    state.sharing, state.streaming = saved
+    return None
+
+
+WEIGHTS = ("auto", "resident", "streamed")
+
+
 def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
-               scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float"):
+               scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float",
+               weights: str = "auto"):
     """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
-    shared_only: skip the budgets without shared layers (the caller knows they do not fit)."""
+    shared_only: skip the budgets without shared layers (the caller knows they do not fit). weights: "resident"
+    keeps every weight on the chip; "auto" streams the fewest layers' weights from host memory that make a
+    shared-layer plan fit when it does not (before a tighter budget is tried); "streamed" streams every layer of
+    each run of identical layers (plan/stream.py)."""
+    if weights not in WEIGHTS:
+        raise TremulaError(f"unsupported --weights {weights!r}: use {', '.join(WEIGHTS)}")
+    shared_only = shared_only or weights == "streamed"
     g = lower_precision(graph, dtype, chip, scales, partials)
     # Tighter budgets mean more rounds or fewer tiles per matmul: the first plan that fits is kept, else the one with
     # the lowest peak. Only one lowering is alive at a time (a base model's is gigabytes at large batches): when the
@@ -186,6 +246,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     layered = len(set(layers.values())) > 1  # identical layers to share, maybe
     if layered:
         g = untie_layer_vectors(g, layers)
+        if weights != "resident" and limits.needs(g, dtype).total > limits.chip_capacity(chip):
+            shared_only = True  # every weight on the chip cannot fit: only shared plans, which can stream, may
     tried_shared = False
     # FREE: the operand budget of what the tiles have left (lower_ops.free_temp_fraction); a budget equal to the one
     # before it is not tried twice
@@ -204,9 +266,11 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
                         layers=layers).lower()
         mp, live, reserved = memory_plan(state, chip)
+        if share and weights != "resident" and (weights == "streamed" or not mp.fits):
+            mp, live, reserved = _streamed_plan(state, chip, mp, weights == "streamed") or (mp, live, reserved)
         plan = (state, mp, live, reserved)
         if best is None or mp.peak_bytes < best[0]:
-            best = (mp.peak_bytes, i)
+            best = (mp.peak_bytes, i, getattr(state, "streaming", None))
         # Budgets shrink only buffers, vertex state and exchange code: when the rest alone overflows, stop. A tighter
         # temporary budget shrinks buffers by cutting ops into more rounds, each with its own vertex state and exchange
         # code: it cannot help when the buffers are less than the overflow, nor when those per-round bytes already
@@ -215,8 +279,13 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         # memory elements, move with the buffers.)
         cat = mp.by_category
         fixed = sum(v for c, v in cat.items() if c not in ("buffers", "vertex_state", "exchange_code"))
-        if mp.fits or fixed > chip.sram_bytes_per_tile:
+        if mp.fits:
             break
+        if fixed > chip.sram_bytes_per_tile:
+            if share or not layered or weights == "resident":
+                break
+            shared_only = True  # resident weights overflow: only shared plans, whose weights can stream, may fit
+            continue
         if cat.get("buffers", 0) < max(mp.peak_bytes - chip.sram_bytes_per_tile,
                                        cat.get("vertex_state", 0) + cat.get("exchange_code", 0)):
             futile[share] = frac  # judged on the last plan of this mode before a tighter one
@@ -228,5 +297,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         frac, perm, share = budgets[best[1]]
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
                         layers=layers).lower()
-        plan = (state, *memory_plan(state, chip))
+        plan = (state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies
+    if weights == "streamed" and getattr(state, "streaming", None) is None:
+        raise TremulaError(f"--weights streamed: {graph.name} has no run of {MIN_RUN} or more identical layers whose "
+                           "weights can be streamed; use --weights auto or resident")
     return (g, *plan)

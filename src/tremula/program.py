@@ -32,8 +32,9 @@ from tremula.errors import TremulaError
 from tremula.numerics.fp8 import FP8_DTYPES, is_fp8
 
 # 2: shared layers' steps are calls of a template step with a patch; a Provenance (chip TOML, chip and weights
-# sha256); FP8 operands named by format. 3: FP8 weights hash with their FP8 dtype's name (provenance.WEIGHTS_HASH)
-FORMAT_VERSION = 3
+# sha256); FP8 operands named by format. 3: FP8 weights hash with their FP8 dtype's name (provenance.WEIGHTS_HASH).
+# 4: weight images may be streamed from the host (a ninth field: the step they arrive at).
+FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,9 @@ def host_stream_bytes(streams: list[HostStream]) -> int:
 
 @dataclass(frozen=True)
 class ConstImage:
-    """Block [r0:r1, c0:c1] of constant `name` (viewed 2-D as [rows, cols], cast to dtype) stored row-major at addr."""
+    """Block [r0:r1, c0:c1] of constant `name` (viewed 2-D as [rows, cols], cast to dtype) stored row-major at addr:
+    loaded with the Program (step -1), or streamed from host memory on every run, arriving before the compute of
+    `step` (plan/stream.py)."""
 
     name: str
     tile: int
@@ -301,12 +304,23 @@ class ConstImage:
     c0: int
     c1: int
     dtype: str
+    step: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        return (self.r1 - self.r0) * (self.c1 - self.c0) * storage_dtype(self.dtype).itemsize
+
+
+def streamed_weight_bytes(consts: list[ConstImage]) -> int:
+    """Bytes of weights the host link carries on every run (the streamed blocks, once per tile they go to)."""
+    return sum(c.nbytes for c in consts if c.step >= 0)
 
 
 @dataclass
 class BufferTable:
     """The memory plan: buffer b lives on tiles b_tiles[tile_start[b]:tile_start[b+1]], at b_addr with b_size bytes
-    on each, for half-steps first[b]..last[b] (2*step = compute of step, 2*step+1 = its exchange; weights always)."""
+    on each, for half-steps first[b]..last[b] (2*step = compute of step, 2*step+1 = its exchange; weights always,
+    first = -1, except streamed weights: from the compute of the step they arrive at)."""
 
     names: list[str]
     category: list[str]  # weights | activations | buffers
@@ -505,7 +519,7 @@ def save_program(program: Program, path: str | Path) -> None:
         "sram_bytes_per_tile": program.sram_bytes_per_tile, "dtype": program.dtype, "batch": program.batch,
         "steps": steps_meta, "groups": groups_meta,
         "host_in": [_stream_dict(s) for s in program.host_in], "host_out": [_stream_dict(s) for s in program.host_out],
-        "consts": [[c.name, c.tile, c.addr, c.r0, c.r1, c.c0, c.c1, c.dtype] for c in program.consts],
+        "consts": [[c.name, c.tile, c.addr, c.r0, c.r1, c.c0, c.c1, c.dtype, c.step] for c in program.consts],
         "buffers": {"names": program.buffers.names, "category": program.buffers.category},
         "io_types": {k: [list(v[0]), v[1]] for k, v in sorted(program.io_types.items())},
         "meta": program.meta,
@@ -553,9 +567,9 @@ def load_program(path: str | Path) -> Program:
 
 def _load_consts(rows: list) -> list[ConstImage]:
     consts = []
-    for name, tile, addr, r0, r1, c0, c1, dtype in rows:
+    for name, tile, addr, r0, r1, c0, c1, dtype, step in rows:
         np.dtype(dtype)  # an unknown type name is a damaged file (TypeError), not a failure deep in the simulator
-        consts.append(ConstImage(name, tile, addr, r0, r1, c0, c1, dtype))
+        consts.append(ConstImage(name, tile, addr, r0, r1, c0, c1, dtype, int(step)))
     return consts
 
 
@@ -605,6 +619,8 @@ def _from_arrays(header: dict, arrays: dict[str, np.ndarray]) -> Program:
                      *[arrays[f"b_{k}"] for k in _BT_ARRAYS])
     bt.b_tiles = bt.b_tiles.astype(np.int32)
     consts = _load_consts(header["consts"])
+    if any(not -1 <= c.step < len(steps) for c in consts):
+        raise ValueError("a weight image arrives at a step the program does not have")
     return Program(
         chip=header["chip"], tiles=header["tiles"], sram_bytes_per_tile=header["sram_bytes_per_tile"],
         dtype=header["dtype"], batch=header["batch"], steps=steps,

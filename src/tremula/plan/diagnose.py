@@ -42,7 +42,11 @@ def fullest_tile(state, mp, live, chip, top: int = 3) -> str:
             if here:
                 code[fold(owner)] += here
     weights: Counter = Counter()
+    streaming = getattr(state, "streaming", None)
     for c in state.consts:
+        if streaming is not None and streaming.arrive[c.buf] >= 0 and not live.first[c.buf] <= when <= \
+                live.last[c.buf]:
+            continue  # a streamed layer's weights that are not on the chip then (plan/stream.py)
         mine = c.tiles == t
         if mine.any():
             nbytes = (c.r1 - c.r0) * (c.c1 - c.c0) * np.dtype(c.dtype).itemsize

@@ -15,6 +15,7 @@ from tremula.target.overheads import reserved_bytes
 from tremula.errors import TremulaError
 from tremula.plan.share import check_weight_strides, find_sharing, patch_columns
 from tremula.plan.state import LoweringState
+from tremula.plan.stream import Streaming
 from tremula.program import (BufferTable, Call, ConstImage, FieldPatch, HostStream, Program, Step, TransferTable,
                              VertexGroup)
 
@@ -27,8 +28,13 @@ class Liveness:
     last: np.ndarray
 
 
-def liveness(state: LoweringState) -> Liveness:
-    """First and last half-step touching each buffer (host inputs at -1, outputs read at 2*steps, weights always)."""
+class StreamConflict(TremulaError):
+    """Streamed weights would be read before they arrive, or after the next layer's took their place."""
+
+
+def liveness(state: LoweringState, streaming: Streaming | None = None) -> Liveness:
+    """First and last half-step touching each buffer (host inputs at -1, outputs read at 2*steps, weights always;
+    streamed weights from the compute of the step they arrive at, to their last reader)."""
     n = len(state.bufs)
     big = 2 * len(state.steps) + 1
     first = np.full(n, big, I64)
@@ -50,18 +56,33 @@ def liveness(state: LoweringState) -> Liveness:
             touch(t.d_buf, 2 * k + 1)
     for s in state.host_out:
         touch([s.layout.buf], 2 * len(state.steps))
+    streamed = np.zeros(n, bool) if streaming is None else streaming.arrive >= 0
+    if streamed.any():
+        at = 2 * streaming.arrive[streamed]
+        if (first[streamed] < at).any():
+            raise StreamConflict("a streamed weight is read before it arrives")
+        first[streamed] = at
     for b, spec in enumerate(state.bufs):
-        if spec.category == "weights":
+        if spec.category == "weights" and not streamed[b]:
             first[b], last[b] = -1, big
     never = first > last  # allocated but unused (e.g. an empty serial round): give it a point life
     first[never], last[never] = 0, 0
+    if streamed.any():
+        b = np.flatnonzero(streaming.alias >= 0)
+        if (last[streaming.alias[b]] >= first[b]).any():
+            raise StreamConflict("a streamed layer's weights are still read when the next one takes their place")
     return Liveness(first, last)
 
 
-def memory_plan(state: LoweringState, chip) -> tuple[MemoryPlan, Liveness, dict[str, np.ndarray]]:
+def memory_plan(state: LoweringState, chip, streaming: Streaming | None = None
+                ) -> tuple[MemoryPlan, Liveness, dict[str, np.ndarray]]:
     """The memory plan, with shared layer code where the lowering asked for it and the layers prove identical
-    (state.sharing is set to what was shared, or None)."""
-    live = liveness(state)
+    (state.sharing is set to what was shared, or None), and the weights of `streaming` streamed from the host
+    (plan/stream.py; state.streaming is set to it, or None). StreamConflict: the streaming cannot be done."""
+    if streaming is not None and not streaming.any:
+        streaming = None
+    live = liveness(state, streaming)
+    state.streaming = streaming
     sharing = find_sharing(state) if getattr(state, "share_layers", False) else None
     if sharing is not None and not sharing.shared_layers:
         sharing = None
@@ -72,7 +93,8 @@ def memory_plan(state: LoweringState, chip) -> tuple[MemoryPlan, Liveness, dict[
         mp = plan_memory([b.category for b in state.bufs], [b.tiles for b in state.bufs],
                          [b.sizes for b in state.bufs], live.first, live.last, state.T, reserved,
                          chip.sram_bytes_per_tile, sharing.runs if sharing is not None else (),
-                         chip.operand_align_bytes, chip.non_interleaved_bytes_per_tile, apart, chip)
+                         chip.operand_align_bytes, chip.non_interleaved_bytes_per_tile, apart, chip,
+                         streaming.alias if streaming is not None else None)
         if sharing is None or not check_weight_strides(sharing, mp):
             break
         sharing = None  # weights not at one distance per tile: the layers cannot share exchange code; plan without
@@ -110,11 +132,13 @@ def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reser
     if sharing is not None:
         steps = _calls(state, sharing, steps)
     consts = []
+    streaming = getattr(state, "streaming", None)
     for c in state.consts:
         addrs = res(np.full(len(c.tiles), c.buf), c.tiles) + c.rels
+        step = int(streaming.arrive[c.buf]) if streaming is not None else -1
         for t, a, a0, a1, b0, b1 in zip(c.tiles.tolist(), addrs.tolist(), c.r0.tolist(), c.r1.tolist(),
                                         c.c0.tolist(), c.c1.tolist()):
-            consts.append(ConstImage(c.name, t, int(a), a0, a1, b0, b1, c.dtype))
+            consts.append(ConstImage(c.name, t, int(a), a0, a1, b0, b1, c.dtype, step))
     bufs = state.bufs
     counts = [len(b.tiles) for b in bufs]
     tile_start = np.concatenate([[0], np.cumsum(counts)]).astype(I64)

@@ -98,6 +98,13 @@ class SharedLayers:
         self._carry: tuple[str, str] | None = None  # the layer's (input, output) hidden state
         self._carry_owner = ""  # the name of the layer's last node: the re-layout of its output is the layer's
         self._by_layer: dict | None = None  # layer -> its nodes, made on first use
+        self.weight_layer: dict[int, LayerKey] = {}  # weight buffer -> the layer it was made in (streaming reads it)
+
+    def new_buffer(self, name: str, category: str, tiles, sizes) -> int:
+        buf = super().new_buffer(name, category, tiles, sizes)  # type: ignore[misc]
+        if category == "weights" and self._run is not None:
+            self.weight_layer[buf] = self._run
+        return buf
 
     def _layer_nodes(self, key: LayerKey) -> list:
         if self._by_layer is None:

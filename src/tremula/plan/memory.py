@@ -1,11 +1,11 @@
 """The global memory plan: every buffer's address on every tile it lives on, from liveness over the whole program.
 
-Weights are always live and packed first, per tile; above them, activations and temporary buffers get one offset
-(the same on each of their tiles, relative to the tile's weight end) first-fit among the buffers whose live ranges
-overlap (times are half-steps: 2k = compute of step k, 2k+1 = its exchange). Code, vertex state and exchange code sit
-at the top of each tile's SRAM; instructions (code and exchange code) must also fit the chip's code region (the only
-memory that can fetch them: ipu-stack-facts §3), or the plan does not fit. Offsets are aligned to the chip's
-operand alignment (ALIGN without a chip).
+Weights are always live (streamed ones from their arrival to their last reader) and packed first, per tile; above
+them, activations and temporary buffers get one offset (the same on each of their tiles, relative to the tile's
+weight end) first-fit among the buffers whose live ranges overlap (times are half-steps: 2k = compute of step k,
+2k+1 = its exchange). Code, vertex state and exchange code sit at the top of each tile's SRAM; instructions (code and
+exchange code) must also fit the chip's code region (the only memory that can fetch them: ipu-stack-facts §3), or
+the plan does not fit. Offsets are aligned to the chip's operand alignment (ALIGN without a chip).
 
 Layers that share code (plan/share.py) need each class of corresponding buffers at one offset. Their classes are
 first-fit in folded time (half-steps modulo the run's period, from the template layer's start): two classes that are
@@ -150,9 +150,10 @@ def _fold_run(run, maxsize: np.ndarray, first: np.ndarray, last: np.ndarray, par
 def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.ndarray], first: np.ndarray,
                 last: np.ndarray, n_tiles: int, reserved: dict[str, np.ndarray], sram: int,
                 runs=(), alignment: int = ALIGN, code_region: int | None = None, apart=(),
-                elements=None) -> MemoryPlan:
+                elements=None, alias: np.ndarray | None = None) -> MemoryPlan:
     """`apart`: (buffer, buffer, tiles) that must not share a memory element on those tiles, with `elements` (the
-    chip) giving the element geometry."""
+    chip) giving the element geometry. `alias[b]` >= 0: weight buffer b takes the addresses of that earlier weight
+    buffer (streamed weights taking turns in one slot, plan/stream.py; their live ranges never meet)."""
     n = len(cats)
     partners: dict[int, list[tuple[int, np.ndarray]]] = {}
     if elements is not None:
@@ -168,6 +169,9 @@ def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.n
     cursor = np.zeros(n_tiles, np.int64)
     for r, b in enumerate(w_idx.tolist()):
         t = tiles_of[b]
+        if alias is not None and alias[b] >= 0:
+            weight_addr[r, t] = weight_addr[weight_row[alias[b]], t]
+            continue
         weight_addr[r, t] = cursor[t]
         cursor[t] += align(sizes_of[b], alignment)
     act_base = align(cursor, alignment)

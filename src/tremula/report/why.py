@@ -115,4 +115,8 @@ def explain(profile, chip, top: int = TOP_OPS) -> list[str]:
     head = (f"{s.cycles:,} cycles per batch of {s.batch}: compute {_pct(s.compute_cycles / s.cycles)}, exchange "
             f"{_pct(s.exchange_cycles / s.cycles)}, sync {_pct(s.sync_cycles / s.cycles)} over {s.steps} steps"
             f"{host}; MFU {100 * s.mfu:.2f}% of {s.peak_flops / 1e12:.1f} TFLOP/s.")
-    return [head] + [f.sentence for f in findings(profile, chip, top)]
+    lines = [head]
+    if host_cycles > s.cycles:  # e.g. weights streamed from host memory (plan/stream.py) at a small batch
+        lines.append(f"The host link takes {_pct(host_cycles / (host_cycles + s.cycles))} of the time: the run is "
+                     "bound by it, not by the chip.")
+    return lines + [f.sentence for f in findings(profile, chip, top)]

@@ -238,6 +238,16 @@ class Machine:
             if len(e_byte):  # (rows side by side may share an edge byte of the map: or.at adds every row's bits)
                 np.bitwise_or.at(self.written.reshape(-1), e_byte, e_mask)
 
+    def _forget(self, starts: np.ndarray, nbytes: int) -> None:
+        """Mark the rows [start, start + nbytes) unwritten (check mode): a dead streamed weight's bytes."""
+        if self.written is not None and nbytes:
+            whole, (_, e_byte, e_mask) = _spans(starts, nbytes)
+            for _, first, count in whole:
+                v = _width(count, first)
+                self._windows(self.written, count, v)[first // v] = 0
+            if len(e_byte):
+                np.bitwise_and.at(self.written.reshape(-1), e_byte, ~e_mask)
+
     def _unwritten(self, starts: np.ndarray, nbytes: int) -> tuple[int, int] | None:
         """(row, byte offset) of the first unwritten byte of the rows [start, start + nbytes), or None when all are
         written."""
@@ -274,15 +284,47 @@ class Machine:
 
     # ------------------------------------------------------------------------------------------------ loading
     def load_weights(self, graph: Graph) -> None:
-        """Every weight block at its tile and address: a big block is one slice copy straight from the constant into
-        the tile's bytes (a gather into a stack first copies it twice); small ones, one gather and one scatter per
-        block shape."""
+        """The weights loaded with the Program; streamed ones are kept to be written at their steps (stream_weights).
+        In check mode, a streamed weight buffer's bytes are forgotten after its last reader (BufferTable.last), so
+        a layer whose block never arrived reads unwritten bytes, not the bytes of the layer it replaced."""
+        self.graph = graph
+        self.streamed: dict[int, list[int]] = {}
+        for i, c in enumerate(self.p.consts):
+            if c.step >= 0:
+                self.streamed.setdefault(c.step, []).append(i)
+        self._write_images(graph, [i for i, c in enumerate(self.p.consts) if c.step < 0])
+        bt = self.p.buffers
+        dies = np.flatnonzero((np.array([c == "weights" for c in bt.category], bool) if len(bt.category)
+                               else np.zeros(0, bool)) & (bt.first >= 0))
+        self.dying: dict[int, list[int]] = {}  # half-step -> streamed weight buffers whose last reader it is
+        for b in dies.tolist():
+            self.dying.setdefault(int(bt.last[b]), []).append(b)
+
+    def stream_weights(self, k: int) -> None:
+        """The weight blocks streamed from the host before step k's compute."""
+        idx = self.streamed.get(k)
+        if idx:
+            self._write_images(self.graph, idx)
+
+    def forget_dead(self, half_step: int) -> None:
+        """Check mode: forget the bytes of the streamed weight buffers whose last reader was this half-step."""
+        bt = self.p.buffers
+        for b in self.dying.get(half_step, ()) if self.written is not None else ():
+            lo, hi = int(bt.tile_start[b]), int(bt.tile_start[b + 1])
+            starts, sizes = self._flat(bt.b_tiles[lo:hi], bt.b_addr[lo:hi]), bt.b_size[lo:hi]
+            for grp in _by_value(sizes):
+                self._forget(starts[grp], int(sizes[grp[0]]))
+
+    def _write_images(self, graph: Graph, which: list[int]) -> None:
+        """Weight blocks p.consts[which] at their tiles and addresses: a big block is one slice copy straight from
+        the constant into the tile's bytes (a gather into a stack first copies it twice); small ones, one gather and
+        one scatter per block shape."""
         cs = self.p.consts
-        if not cs:
+        if not which:
             return
         by_const: dict[tuple[str, str], list[int]] = {}
-        for i, c in enumerate(cs):
-            by_const.setdefault((c.name, c.dtype), []).append(i)
+        for i in which:
+            by_const.setdefault((cs[i].name, cs[i].dtype), []).append(i)
         for (name, dtype), idx in by_const.items():
             if name not in graph.constants:
                 raise TremulaError(f"the program needs constant {name!r}, which the model does not have")
@@ -572,11 +614,14 @@ def simulate(program: Program, graph: Graph, feeds: dict[str, np.ndarray], check
     for k in range(n):
         if progress:
             progress("simulate", k, n)
+        m.stream_weights(k)
         m.compute(k)
+        m.forget_dead(2 * k)
         if timetable_chip is None:
             m.exchange(k)
         else:
             m.exchange_by_timetable(k, timetable_chip)
+        m.forget_dead(2 * k + 1)
     if progress:
         progress("simulate", n, n)
     return m.host_out()

@@ -49,17 +49,14 @@ def test_check_real_minilm_weights(mk2):
 
 
 @pytest.mark.slow
-def test_siglip_so400m_c600_fp16_answers_quickly():
-    """Compiles (plan + memory plan) and either fits or names the largest batch that fits (how long it takes is
-    printed by benchmarks/compile_zoo.py, never asserted)."""
-    from tremula.compiler import DoesNotFit
-
-    try:
-        res = compile_model("siglip-so400m-patch14-384", load_chip("c600"), 1, "fp16")
-        assert res.fits
-    except DoesNotFit as e:
-        assert e.max_batch is not None and e.max_batch >= 0 and e.tile >= 0
-        assert set(e.by_category) >= {"weights", "activations", "code", "vertex_state", "exchange_code", "buffers"}
+def test_siglip_so400m_c600_fp16_fits_one_chip_by_streaming_some_layers():
+    """856 MB of fp16 weights do not fit a C600's 900 MB with the activations: --weights auto (the default) streams
+    the fewest layers' weights from host memory that make batch 1 fit (issue #15): the plan keeping them all did not.
+    How long the compile takes is printed by benchmarks/streamed_weights.py, never asserted."""
+    res = compile_model("siglip-so400m-patch14-384", load_chip("c600"), 1, "fp16")
+    assert res.fits and res.shared_layers == 26
+    (k,) = res.streamed_layers.values()
+    assert 3 <= k < 27 and res.streamed_bytes > 0 and res.host_in_bytes > res.streamed_bytes
 
 
 @pytest.mark.slow

@@ -209,26 +209,3 @@ def test_compile_and_check_on_a_system_of_several_chips(tmp_path):
 def test_system_flags_refused_in_one_line(args, needle):
     assert_one_line_error(run_cli(*args), needle)
 
-
-def test_weights_option(tmp_path):
-    """--weights streamed on a model with four identical layers says what it streams; a model with two cannot
-    stream, and a bad value is refused, each in one line."""
-    from tremula.export.onnx_export import save_onnx
-    from tremula.frontends.zoo import _vision
-    from tremula.models.build import build_from_config
-    from tremula.models.weights import LazyWeights
-
-    path = tmp_path / "siglip4.onnx"
-    save_onnx(build_from_config("siglip", _vision("siglip", 32, 4, 4, 48, 32, 8, 1e-6, "gelu_tanh"), LazyWeights(),
-                                batch=2, name="siglip-tiny4"), path)
-    p = run_cli("compile", str(path), "--chip", "c600", "--dtype", "fp16", "--weights", "streamed", "--json")
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout)
-    assert list(got["streamed_layers"].values()) == [4] and got["streamed_bytes"] > 0
-    assert got["host_in_bytes"] > got["streamed_bytes"]
-    p = run_cli("compile", str(path), "--chip", "c600", "--dtype", "fp16", "--weights", "streamed")
-    assert p.returncode == 0 and "weights streamed" in p.stdout and "4 layers of" in p.stdout
-    assert_one_line_error(run_cli("compile", "vit-tiny", "--weights", "streamed"), "no run of 3 or more identical")
-    assert_one_line_error(run_cli("compile", "vit-tiny", "--weights", "sometimes"), "unsupported --weights")
-    assert_one_line_error(run_cli("compile", "vit-tiny", "--system", "2xc600", "--weights", "streamed"),
-                          "--weights", "not supported with --system")

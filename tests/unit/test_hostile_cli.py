@@ -426,3 +426,26 @@ def test_license_is_an_spdx_string():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["license"] == "Apache-2.0"
     assert any(r.replace(" ", "").startswith("setuptools>=77") for r in project["build-system"]["requires"])
+
+
+def test_weights_option(tremula, tmp_path):
+    """--weights streamed on a model with four identical layers says what it streams (text and JSON); a model with two
+    cannot stream, and a bad value or --weights with --system is refused, each in one line."""
+    from tremula.export.onnx_export import save_onnx
+    from tremula.frontends.zoo import _vision
+    from tremula.models.build import build_from_config
+    from tremula.models.weights import LazyWeights
+
+    path = tmp_path / "siglip4.onnx"
+    save_onnx(build_from_config("siglip", _vision("siglip", 32, 4, 4, 48, 32, 8, 1e-6, "gelu_tanh"), LazyWeights(),
+                                batch=2, name="siglip-tiny4"), path)
+    code, out, err = tremula("compile", path, "--chip", "c600", "--dtype", "fp16", "--weights", "streamed")
+    assert code == 0, err
+    assert "weights streamed" in out and "4 layers of" in out
+    code, out, err = tremula("compile", path, "--chip", "c600", "--dtype", "fp16", "--weights", "streamed", "--json")
+    got = json.loads(out)
+    assert list(got["streamed_layers"].values()) == [4] and 0 < got["streamed_bytes"] < got["host_in_bytes"]
+    one_line_error(tremula("compile", "vit-tiny", "--weights", "streamed"), "no run of 3 or more identical")
+    one_line_error(tremula("compile", "vit-tiny", "--weights", "sometimes"), "unsupported --weights")
+    one_line_error(tremula("compile", "vit-tiny", "--system", "2xc600", "--weights", "streamed"), "--weights",
+                   "not supported with --system")

@@ -43,3 +43,18 @@ def test_other_types_use_the_definition():
     x = np.linspace(-3, 3, 7)
     assert erf(x).dtype == np.float64 and np.array_equal(erf(x), [math.erf(v) for v in x])
     assert gelu(np.zeros((0, 3), np.float32)).shape == (0, 3)
+
+
+def test_tanh_gelu_in_pieces_is_the_whole_array_formula():
+    """gelu_exact's tanh form runs on cache-sized pieces: the same float64 operations on each element, so the same
+    bits as the formula on the whole array, for every float type (a piece boundary inside the array included)."""
+    rng = np.random.default_rng(3)
+    for dt in (np.float16, np.float32, np.float64):
+        x = (rng.standard_normal((5, 7001)) * 4).astype(dt)
+        x.reshape(-1)[:4] = [np.inf, -np.inf, np.nan, 0]
+        x64 = x.astype(np.float64)
+        whole = (0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * (x64 * x64 * x64))))
+                 ).astype(dt)
+        got = gelu_exact(x, "tanh")
+        assert got.dtype == dt and got.shape == x.shape
+        assert np.array_equal(got.view(np.uint8), whole.view(np.uint8))

@@ -78,3 +78,23 @@ def test_half_partials_price_attention_lower_on_the_c600():
     half = cl.cycles(c600, (0, 0, 0, 14, 197, 0, 16), shapes, dtypes)
     full = cl.cycles(c600, (0, 0, 0, 14, 197, 0, 0), shapes, dtypes)
     assert half < 0.6 * full  # both products at twice the MACs, the softmax's passes on half vectors
+
+
+def test_softmax_in_blocks_of_rows_is_the_whole_array_formula():
+    """A big softmax over the last axis runs on blocks of whole rows (numerics/attention.CHUNK): each row alone either
+    way, so the bits of the formula on the whole array, masked rows (all -inf: zeros) and half input included."""
+    from tremula.numerics import attention as att
+
+    rng = np.random.default_rng(5)
+    for dt in (np.float16, np.float32, np.float64):
+        x = (rng.standard_normal((3, 301, 517)) * 6).astype(dt)
+        x[1, 7] = -np.inf
+        acc = x.astype(np.float32) if dt == np.float16 else x
+        top = np.max(acc, axis=-1, keepdims=True)
+        e = np.exp(acc - np.where(np.isfinite(top), top, 0))
+        total = np.sum(e, axis=-1, keepdims=True)
+        whole = e / np.where(total == 0, 1, total)
+        assert x.size > att.CHUNK
+        got = att.softmax(x)
+        assert got.dtype == whole.dtype and np.array_equal(got.view(np.uint8), whole.view(np.uint8))
+        assert not got[1, 7].any()

@@ -33,15 +33,31 @@ def _wide(x: np.ndarray) -> np.ndarray:
     return widen(x) if x.dtype == np.float16 else x
 
 
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically stable softmax over `axis` in float32 for half input (wider types stay); a row of all -inf gives
-    zeros, not NaN from inf - inf. The float path here, the Softmax rule (ir/ops.py) and the softmax codelet
-    (codelets/norm.py) all compute it so."""
-    acc = _wide(x)
+CHUNK = 1 << 16  # elements a softmax pass works on at a time: its temporaries stay in cache
+
+
+def _softmax(acc: np.ndarray, axis: int) -> np.ndarray:
     top = np.max(acc, axis=axis, keepdims=True)
     e = np.exp(acc - np.where(np.isfinite(top), top, 0))
     total = np.sum(e, axis=axis, keepdims=True)
     return e / np.where(total == 0, 1, total)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax over `axis` in float32 for half input (wider types stay); a row of all -inf gives
+    zeros, not NaN from inf - inf. The float path here, the Softmax rule (ir/ops.py) and the softmax codelet
+    (codelets/norm.py) all compute it so. Over the last axis of a big array it runs on blocks of whole rows, so the
+    passes' temporaries stay in cache (SigLIP so400m's scores on four calibration samples are 136 MB a layer): every
+    row is computed alone either way, so the bits are the same."""
+    acc = _wide(x)
+    if axis not in (-1, acc.ndim - 1) or acc.size <= CHUNK or acc.ndim == 0 or not acc.shape[-1]:
+        return _softmax(acc, axis)
+    rows = acc.reshape(-1, acc.shape[-1])
+    out = np.empty(rows.shape, np.result_type(acc.dtype, np.float32) if acc.dtype.kind == "f" else np.float64)
+    per = max(1, CHUNK // acc.shape[-1])
+    for r in range(0, len(rows), per):
+        out[r: r + per] = _softmax(rows[r: r + per], -1)
+    return out.reshape(acc.shape)
 
 
 def scores(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None = None,

@@ -185,7 +185,7 @@ def test_export_shares_its_layers_as_the_zoo_model_does(exporter, tmp_path, monk
     one all-zeros vector), so every layer read the first layer's vectors and no layer could run a template's code; the
     dynamo exporter names nodes node_linear_7 and initializers val_44, so no layer could be found by its name (layers
     are now found by structure, ir/layers.py). Planned with shared layers only, either export shares as many layers
-    as the zoo build of the same architecture."""
+    as the zoo build of the same architecture, and its plan has the zoo model's steps and cycles."""
     from tremula import pipeline
     from tremula.check import check_model
     from tremula.compiler import compile_model
@@ -208,3 +208,15 @@ def test_export_shares_its_layers_as_the_zoo_model_does(exporter, tmp_path, monk
     res = check_model(str(path), "c600", 2, "fp16")
     assert res.passed
     assert res.compile.shared_layers == zoo.shared_layers == 3
+    # and plans as the zoo model does: the same steps and cycles (the legacy exporter's tied vectors untied per node,
+    # plan/layers.untie_layer_vectors), and the same memory, except that the dynamo exporter's optimizer folds the
+    # patch embedding's bias into the position embedding it is added to (the Linear has no bias): one vector fewer,
+    # a few bytes fewer on the fullest tile
+    got = res.compile
+    assert (got.steps, got.cycles, got.compute_cycles, got.exchange_cycles, got.sync_cycles) == \
+        (zoo.steps, zoo.cycles, zoo.compute_cycles, zoo.exchange_cycles, zoo.sync_cycles)
+    if exporter == "legacy":
+        assert (got.peak_tile_bytes, got.memory_by_category) == (zoo.peak_tile_bytes, zoo.memory_by_category)
+    else:
+        assert len(got.graph.constants) == len(zoo.graph.constants) - 1
+        assert 0 <= zoo.peak_tile_bytes - got.peak_tile_bytes <= 64

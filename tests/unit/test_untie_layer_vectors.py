@@ -1,4 +1,5 @@
-"""plan/layers.untie_layer_vectors: vector constants several layers read get one copy per layer; matrices stay tied."""
+"""plan/layers.untie_layer_vectors: vector constants several nodes read get one copy per node, as a model built with its
+own per node has them; matrices stay tied."""
 
 import numpy as np
 
@@ -21,16 +22,19 @@ def _two_layers(shared_matrix: bool):
     return b.build()
 
 
-def test_each_layer_gets_its_own_vector_and_the_values_do_not_change():
+def test_each_node_gets_its_own_vector_and_the_values_do_not_change():
     g = _two_layers(shared_matrix=False)
     u = untie_layer_vectors(g, find_layers(g))
     reads = {n.name: [v for v in n.inputs if v in u.constants and len(u.types[v].shape) == 1] for n in u.nodes}
-    assert set(reads["enc.layers.0.ln"]) == {"ones"}  # the first layer keeps the original
-    assert set(reads["enc.layers.1.ln"]) == set(reads["enc.layers.1.fc"]) == {"ones@run0.1"}
-    assert np.array_equal(u.constants["ones@run0.1"].value(), g.constants["ones"].value())
+    assert reads["enc.layers.0.ln"] == ["ones"]  # the first reader keeps the original
+    copies = [reads[f"enc.layers.{i}.{op}"] for i in (0, 1) for op in ("ln", "fc")][1:]
+    assert all(len(c) == 1 for c in copies) and len({c[0] for c in copies} | {"ones"}) == 4  # within a layer too
+    assert copies[0] == ["ones@enc.layers.0.fc"]
+    for (c,) in copies:
+        assert np.array_equal(u.constants[c].value(), g.constants["ones"].value())
     x = {"x": np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)}
     assert np.array_equal(run(u, x)[u.outputs[0]], run(g, x)[g.outputs[0]])
-    assert "ones" in g.nodes[2].inputs and "ones@run0.1" not in g.constants  # the input graph is left as it was
+    assert "ones" in g.nodes[2].inputs and "ones@enc.layers.0.fc" not in g.constants  # the input is left as it was
 
 
 def test_matrices_stay_tied_and_an_untied_graph_is_returned_as_it_is():
@@ -38,6 +42,6 @@ def test_matrices_stay_tied_and_an_untied_graph_is_returned_as_it_is():
     u = untie_layer_vectors(g, find_layers(g))
     assert [n.inputs[1] for n in u.nodes if n.op == "Linear"] == ["w", "w"]
     g = _two_layers(shared_matrix=False)
-    g.nodes = [n for n in g.nodes if n.name.startswith("enc.layers.0")]
+    g.nodes = [n for n in g.nodes if n.name == "enc.layers.0.ln"]
     g.outputs = [g.nodes[-1].outputs[0]]
     assert untie_layer_vectors(g, find_layers(g)) is g

@@ -29,34 +29,35 @@ ALIGN_SLACK = 4  # when a layer's storage overflows its cap, the cap grows by th
 
 
 def untie_layer_vectors(graph: Graph, layers: dict[str, LayerKey]) -> Graph:
-    """The graph with every vector constant (rank <= 1) that nodes of several layers read (`layers`: node_key -> layer,
-    ir/layers.find_layers) given one copy per layer (the first keeps the original). Exporters store equal initializers
-    once: torch.onnx's legacy exporter keeps one all-ones and one all-zeros vector for every LayerNorm and bias of a
-    freshly initialised model, and a layer whose LayerNorm reads another layer's scale cannot run the template layer's
-    code (plan/share.py needs each layer's constants where the template has its own). A copy shares the original's
-    values (nothing is made twice); on the chip each layer then holds its vectors, as a model with its own per layer
-    does. Matrices stay tied: copying an ALBERT-style shared layer would multiply its weights."""
-    readers: dict[str, list[LayerKey]] = {}
+    """The graph (of repeated layers: `layers` is ir/layers.find_layers') with every vector constant (rank <= 1) that
+    several nodes read given one copy per reading node (the first keeps the original). Exporters store equal
+    initializers once: torch.onnx's legacy exporter keeps one all-ones and one all-zeros vector for every LayerNorm
+    and bias of a freshly initialised model, so a layer's LayerNorm read another layer's scale, and could not run the
+    template layer's code (plan/share.py needs each layer's constants where the template has its own), and a layer's
+    two LayerNorms or the patch embedding's bias and a LayerNorm's shared one vector, so the layers' storage held
+    fewer vectors than the same model built with its own per node, and planned otherwise. A copy shares the original's
+    values (nothing is made twice); on the chip each node then reads its own vectors, as in a model with its own.
+    Matrices stay tied: copying an ALBERT-style shared layer would multiply its weights."""
+    readers: dict[str, list[str]] = {}  # vector -> the nodes that read it (node_key), in order
     for n in graph.nodes:
-        key = layers.get(node_key(n))
+        k = node_key(n)
         for v in n.inputs:
             c = graph.constants.get(v)
-            if key is not None and c is not None and len(c.type.shape) <= 1 and key not in readers.get(v, []):
-                readers.setdefault(v, []).append(key)
-    tied = {v: keys[1:] for v, keys in readers.items() if len(keys) > 1}
-    if not tied:
+            if c is not None and len(c.type.shape) <= 1 and k not in readers.get(v, []):
+                readers.setdefault(v, []).append(k)
+    tied = {v: set(keys[1:]) for v, keys in readers.items() if len(keys) > 1}
+    if not tied or not layers:
         return graph
     g = graph.copy()
     for v, keys in tied.items():
         c = g.constants[v]
-        for run, index in keys:
-            name = f"{v}@{run}.{index}"
-            g.constants[name] = Constant(name, c.type, init=DerivedInit(c, lambda x: x, f"per-layer copy of {v}"))
+        for k in sorted(keys, key=readers[v].index):
+            name = f"{v}@{k}"
+            g.constants[name] = Constant(name, c.type, init=DerivedInit(c, lambda x: x, f"per-node copy of {v}"))
             g.types[name] = c.type
     for n in g.nodes:
-        key = layers.get(node_key(n))
-        if key is not None:
-            n.inputs = [f"{v}@{key[0]}.{key[1]}" if key in tied.get(v, ()) else v for v in n.inputs]
+        k = node_key(n)
+        n.inputs = [f"{v}@{k}" if k in tied.get(v, ()) else v for v in n.inputs]
     return g
 
 

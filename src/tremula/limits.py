@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from tremula.errors import NoFit
 from tremula.ir.graph import Graph, TensorType
+from tremula.ir.layers import find_layers, node_key
+from tremula.plan.stream import MIN_RUN
 
 # The share of physical RAM one model may take on the host: planning holds per-vertex tables, a check holds the
 # graph's values, the reference's and the simulator's copy of every tile's SRAM, so half the machine is the most a
@@ -90,9 +92,6 @@ def needs(graph: Graph, dtype: str | None, batch: int | None = None, stream: boo
 def streamable_bytes(graph: Graph, size: dict[str, int]) -> int:
     """Bytes of constants streaming can keep off the chip: in each run of MIN_RUN or more repeated layers
     (ir/layers.py), every layer's own constants but the two largest layers'."""
-    from tremula.ir.layers import find_layers, node_key
-    from tremula.plan.stream import MIN_RUN
-
     layers = find_layers(graph)
     owners: dict[str, set] = {}
     for n in graph.nodes:

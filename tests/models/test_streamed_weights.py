@@ -167,3 +167,16 @@ def test_a_run_bound_by_the_host_link_says_so(streamed):
     assert not said(streamed)  # tiny layers: the chip's time dominates
     slow = dataclasses.replace(streamed, host_in_cycles=2 * streamed.cycles)  # as over a link a hundred times slower
     assert said(slow) and "bound by it" in said(slow)[0]
+
+
+def test_batch_auto_streams_only_when_batch_1_needs_it():
+    """--batch auto keeps every weight on the chip when batch 1 fits so: on a chip where batch 4 fits only by
+    streaming (and runs slower than batch 2 resident), the search stops at 2; on one where batch 1 itself needs
+    streaming, it streams."""
+    roomy = dataclasses.replace(load_chip("c600"), tiles=16, sram_bytes_per_tile=110_000)
+    assert compile_model(deep8, roomy, 4, "fp16").streamed_layers  # batch 4 alone: fits by streaming
+    res = compile_model(deep8, roomy, "auto", "fp16")
+    assert res.auto["largest"] == 2 and res.batch == 2 and not res.streamed_layers
+    tight = dataclasses.replace(roomy, sram_bytes_per_tile=103_000)
+    res = compile_model(deep8, tight, "auto", "fp16")
+    assert res.fits and res.streamed_layers and res.auto["largest"] >= 1

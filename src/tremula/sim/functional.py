@@ -2,7 +2,8 @@
 
 Memory is one uint8 array [tiles, bytes]; a vertex sees its own tile's bytes at the addresses the Program gives; data
 crosses tiles only through the exchange's transfers. Weights are materialised at load time from the Graph's constants
-(a Program stores references, see program.py).
+(a Program stores references, see program.py); weights streamed from the host (plan/stream.py) at the step they arrive
+at, and in check mode forgotten again after their last reader.
 
 Execution is vectorised: the vertices of a group whose operand shapes (and code-path params) agree run as one stack.
 Each operand of the stack is gathered from the tiles' bytes with one fancy index (a window of the operand's bytes at

@@ -29,6 +29,8 @@ DEFAULT_RUNS = ",".join([
     "siglip-so400m-patch14-384:fp16:4:auto",
     "siglip-so400m-patch14-384:fp16:8:auto",
     "siglip-so400m-patch14-384:fp16:8:streamed",
+    "siglip-so400m-patch14-384:fp16:12:auto",
+    "siglip-so400m-patch14-384:fp16:16:auto",
 ])
 
 

@@ -58,7 +58,7 @@ def streamable_runs(state) -> dict[str, list[int]]:
 
 
 def trailing_layers(state, k: int) -> list[LayerKey]:
-    """The last k layers of every streamable run (all of them when k is None or larger than the run)."""
+    """The last k layers of every streamable run (all of them when k is larger than the run, none when k is 0)."""
     return [(r, j) for r, js in streamable_runs(state).items() for j in js[-k:]] if k else []
 
 

@@ -66,7 +66,8 @@ def main() -> None:
             rescaled.append(res.batch * chip.clock_hz / c)
         print(f"{model:27} {dtype:>5} {res.batch:5d} {weights:>8} {streamed:8d} {res.streamed_bytes / 1e6:7.1f} "
               f"{res.cycles:11,d} {res.host_cycles:11,d} {100 * res.host_cycles / total:6.1f} {rate:9,.1f} "
-              f"{100 * rate * flops[model] / chip.peak_flops(res.dtype):5.1f} {100 * res.peak_tile_bytes / chip.sram_bytes_per_tile:9.1f} "
+              f"{100 * rate * flops[model] / chip.peak_flops(res.dtype):5.1f} "
+              f"{100 * res.peak_tile_bytes / chip.sram_bytes_per_tile:9.1f} "
               f"{seconds:9.1f} {rss:6.1f} {rescaled[0]:8,.1f} {rescaled[1]:8,.1f}", flush=True)
 
 

@@ -275,8 +275,8 @@ def simulate_system(program: SystemProgram, graphs: list[Graph], feeds: dict[str
                     progress: Progress | None = None) -> tuple[dict[str, np.ndarray], list[dict], list[dict]]:
     """Run every stage's Program in pipeline order on `feeds` (the whole model's inputs), moving each Link's bytes
     from its source stage's outputs into its destination's inputs. Returns (every stage output by name, the model's
-    outputs among them; each stage's inputs; each stage's outputs). A stage input with a byte no Link wrote, a Link outside its value, or two Links
-    writing one byte fail with SimCheckError. `graphs`: each stage's planned graph (its weights)."""
+    outputs among them; each stage's inputs; each stage's outputs). A stage input with a byte no Link wrote, a Link
+    outside its value, or two Links writing one byte fail with SimCheckError. `graphs`: each stage's planned graph (its weights)."""
     from tremula.sim.functional import SimCheckError, simulate
 
     arrived: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}  # (stage, value) -> (bytes, written)

@@ -200,8 +200,12 @@ def _streamed_plan(state, chip, mp, everything: bool):
         if key == (run, js[0]):
             np.add.at(per_tile, state.bufs[b].tiles, state.bufs[b].sizes)
     layer = max(1, int(per_tile[mp.fullest_tile]) or int(per_tile.mean()))
-    k = longest if everything else max(MIN_RUN, 2 + -(-(mp.peak_bytes - chip.sram_bytes_per_tile) // layer))
-    k, plan = min(k, longest), None
+
+    def layers_over(m) -> int:  # how many layers' weights the plan's peak is over the tile
+        return -(-(m.peak_bytes - chip.sram_bytes_per_tile) // layer)
+
+    k = longest if everything else min(longest, max(MIN_RUN, 2 + layers_over(mp)))
+    plan = None
     while True:
         streaming = plan_streaming(state, trailing_layers(state, k))
         if isinstance(streaming, str):
@@ -213,7 +217,7 @@ def _streamed_plan(state, chip, mp, everything: bool):
             break
         if plan[0].fits or everything or k == longest:
             break
-        k = min(longest, k + max(1, -(-(plan[0].peak_bytes - chip.sram_bytes_per_tile) // layer)))
+        k = min(longest, k + max(1, layers_over(plan[0])))
     if plan is not None and (plan[0].fits or everything):
         return plan
     if plan is not None and plan[0].peak_bytes < mp.peak_bytes:

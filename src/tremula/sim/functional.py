@@ -229,25 +229,19 @@ class Machine:
         self._windows(self.mem, nbytes, w)[starts // w] = data.view(WORDS[w])
         self._mark(starts, nbytes)
 
-    def _mark(self, starts: np.ndarray, nbytes: int) -> None:
-        """Mark the rows [start, start + nbytes) written (check mode)."""
+    def _mark(self, starts: np.ndarray, nbytes: int, written: bool = True) -> None:
+        """Mark the rows [start, start + nbytes) written (check mode), or unwritten (`written` False: a dead streamed
+        weight's bytes)."""
         if self.written is not None and nbytes:
             whole, (_, e_byte, e_mask) = _spans(starts, nbytes)
             for _, first, count in whole:
                 v = _width(count, first)
-                self._windows(self.written, count, v)[first // v] = ONES[v]
+                self._windows(self.written, count, v)[first // v] = ONES[v] if written else 0
             if len(e_byte):  # (rows side by side may share an edge byte of the map: or.at adds every row's bits)
-                np.bitwise_or.at(self.written.reshape(-1), e_byte, e_mask)
-
-    def _forget(self, starts: np.ndarray, nbytes: int) -> None:
-        """Mark the rows [start, start + nbytes) unwritten (check mode): a dead streamed weight's bytes."""
-        if self.written is not None and nbytes:
-            whole, (_, e_byte, e_mask) = _spans(starts, nbytes)
-            for _, first, count in whole:
-                v = _width(count, first)
-                self._windows(self.written, count, v)[first // v] = 0
-            if len(e_byte):
-                np.bitwise_and.at(self.written.reshape(-1), e_byte, ~e_mask)
+                if written:
+                    np.bitwise_or.at(self.written.reshape(-1), e_byte, e_mask)
+                else:
+                    np.bitwise_and.at(self.written.reshape(-1), e_byte, ~e_mask)
 
     def _unwritten(self, starts: np.ndarray, nbytes: int) -> tuple[int, int] | None:
         """(row, byte offset) of the first unwritten byte of the rows [start, start + nbytes), or None when all are
@@ -295,8 +289,7 @@ class Machine:
                 self.streamed.setdefault(c.step, []).append(i)
         self._write_images(graph, [i for i, c in enumerate(self.p.consts) if c.step < 0])
         bt = self.p.buffers
-        dies = np.flatnonzero((np.array([c == "weights" for c in bt.category], bool) if len(bt.category)
-                               else np.zeros(0, bool)) & (bt.first >= 0))
+        dies = np.flatnonzero(np.array([c == "weights" for c in bt.category], bool) & (bt.first >= 0))
         self.dying: dict[int, list[int]] = {}  # half-step -> streamed weight buffers whose last reader it is
         for b in dies.tolist():
             self.dying.setdefault(int(bt.last[b]), []).append(b)
@@ -314,7 +307,7 @@ class Machine:
             lo, hi = int(bt.tile_start[b]), int(bt.tile_start[b + 1])
             starts, sizes = self._flat(bt.b_tiles[lo:hi], bt.b_addr[lo:hi]), bt.b_size[lo:hi]
             for grp in _by_value(sizes):
-                self._forget(starts[grp], int(sizes[grp[0]]))
+                self._mark(starts[grp], int(sizes[grp[0]]), written=False)
 
     def _write_images(self, graph: Graph, which: list[int]) -> None:
         """Weight blocks p.consts[which] at their tiles and addresses: a big block is one slice copy straight from

@@ -193,7 +193,17 @@ def _two_transfer_step(program) -> int:
     return next(k for k, s in enumerate(program.steps) if len(s.exchange) >= 2)
 
 
-def test_overlapping_transfer_destinations_fire():
+@pytest.fixture(params=[True, False], ids=["compiled", "numpy"])
+def moves_path(request, monkeypatch):
+    """The simulator's byte moves compiled (sim/moves.py) and as NumPy's passes: both must catch the same faults."""
+    from tremula.numerics import jit
+
+    if request.param and jit.numba is None:
+        pytest.skip("numba is not installed (pip install tremula[fast])")
+    monkeypatch.setattr(jit, "ENABLED", request.param)
+
+
+def test_overlapping_transfer_destinations_fire(moves_path):
     import copy
 
     from tremula.sim.functional import SimCheckError
@@ -207,7 +217,7 @@ def test_overlapping_transfer_destinations_fire():
         simulate(p, res.graph, feeds, check=True)
 
 
-def test_an_exchange_writing_its_own_source_fires():
+def test_an_exchange_writing_its_own_source_fires(moves_path):
     import copy
 
     from tremula.sim.functional import SimCheckError
@@ -221,7 +231,31 @@ def test_an_exchange_writing_its_own_source_fires():
         simulate(p, res.graph, feeds, check=True)
 
 
-def test_the_written_bitmap_answers_as_a_byte_map():
+def test_an_exchange_reading_unwritten_bytes_fires(moves_path):
+    """A transfer's source row whose bytes were never written (here: forgotten just before the exchange) fails the
+    check, naming that row's first byte."""
+    from tremula.sim.functional import SimCheckError
+
+    res, feeds = _setup("bert-tiny", "mk2", "fp32")
+    p = res.program
+    k = _two_transfer_step(p)
+    m = Machine(p, check=True)
+    m.load_weights(res.graph)
+    m.host_in(feeds)
+    for j in range(k):
+        m.compute(j)
+        m.exchange(j)
+    m.compute(k)
+    ex = p.steps[k].exchange
+    row = int(ex.src_addr[1] + ex.src_stride[1])  # the second transfer's second row (or its first, if it has one)
+    row = row if ex.rows[1] > 1 else int(ex.src_addr[1])
+    m._mark(m._flat([int(ex.src_tile[1])], [row]), int(ex.row_bytes[1]), written=False)
+    with pytest.raises(SimCheckError, match=f"step {k} .*a transfer reads unwritten byte {row} on tile "
+                                            f"{int(ex.src_tile[1])}$"):
+        m.exchange(k)
+
+
+def test_the_written_bitmap_answers_as_a_byte_map(moves_path):
     """Rows at every alignment and length: the one-bit-per-byte written map marks and reports exactly the bytes a
     byte-per-byte map would, including the first unwritten byte of the first failing row."""
     rng = np.random.default_rng(7)

@@ -31,6 +31,7 @@ from tremula.codelets.embed import IndexOutOfRange
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph
 from tremula.program import Program, VertexGroup, storage_dtype
+from tremula.sim import moves
 from tremula.sorting import positions_in_runs
 
 # As float32 0xA5A5A5A5 is -2.9e-16, as float16 0xA5A5 is -0.022: wrong but finite, so reads must be caught.
@@ -219,11 +220,17 @@ class Machine:
 
     def _gather(self, starts: np.ndarray, nbytes: int) -> np.ndarray:
         """The blocks of nbytes at flat byte offsets `starts`, as uint8 [n, nbytes]."""
+        if moves.enabled():
+            return moves.gather(self.mem.reshape(-1), starts, nbytes)
         w = _width(nbytes, starts)
         return self._windows(self.mem, nbytes, w)[starts // w].view(np.uint8)
 
     def _scatter(self, starts: np.ndarray, data: np.ndarray) -> None:
         """Write rows of bytes (uint8 [n, nbytes]) at flat byte offsets `starts`, and mark them written."""
+        if moves.enabled():
+            moves.scatter(self.mem.reshape(-1), None if self.written is None else self.written.reshape(-1), starts,
+                          data)
+            return
         nbytes = data.shape[1]
         w = _width(nbytes, starts)
         self._windows(self.mem, nbytes, w)[starts // w] = data.view(WORDS[w])
@@ -232,7 +239,9 @@ class Machine:
     def _mark(self, starts: np.ndarray, nbytes: int, written: bool = True) -> None:
         """Mark the rows [start, start + nbytes) written (check mode), or unwritten (`written` False: a dead streamed
         weight's bytes)."""
-        if self.written is not None and nbytes:
+        if self.written is not None and nbytes and written and moves.enabled():
+            moves.mark(self.written.reshape(-1), starts, nbytes)
+        elif self.written is not None and nbytes:
             whole, (_, e_byte, e_mask) = _spans(starts, nbytes)
             for _, first, count in whole:
                 v = _width(count, first)
@@ -246,6 +255,8 @@ class Machine:
     def _unwritten(self, starts: np.ndarray, nbytes: int) -> tuple[int, int] | None:
         """(row, byte offset) of the first unwritten byte of the rows [start, start + nbytes), or None when all are
         written."""
+        if moves.enabled():
+            return moves.unwritten(self.written.reshape(-1), starts, nbytes)
         whole, (e_row, e_byte, e_mask) = _spans(starts, nbytes)
         ok = np.ones(len(starts), bool)
         for rows, first, count in whole:
@@ -483,6 +494,14 @@ class Machine:
             dst_t = ex.d_tile[di].astype(np.int64)
             dst_a = ex.d_addr[di] + d_local * ex.d_stride[di]
             self._check_exchange(k, src, dst_t, dst_a, ex.row_bytes[ti[di]])
+        if moves.enabled():  # every row straight to its destinations; in check mode its source checked written
+            bad = moves.exchange(self.mem.reshape(-1), None if self.written is None else self.written.reshape(-1),
+                                 self._flat(ex.src_tile, ex.src_addr), ex.src_stride, ex.row_bytes, rows, ex.dst_start,
+                                 self._flat(ex.d_tile, ex.d_addr), ex.d_stride)
+            if bad is not None:
+                self._unwritten_source(k, bad)
+            return
+        if self.check:
             self._check_sources(k, *src)
         s_flat = self._flat(src[0], src[1])
         for grp in _by_value(src[2]):
@@ -568,9 +587,11 @@ class Machine:
                 sel = grp[lo: lo + per]
                 bad = self._unwritten(flat[sel], length)
                 if bad is not None:
-                    byte = int(flat[sel[bad[0]]]) + bad[1]
-                    raise SimCheckError(f"step {k} ({self.p.steps[k].label}): a transfer reads unwritten byte "
-                                        f"{byte % self.size} on tile {byte // self.size}")
+                    self._unwritten_source(k, int(flat[sel[bad[0]]]) + bad[1])
+
+    def _unwritten_source(self, k: int, byte: int) -> None:
+        raise SimCheckError(f"step {k} ({self.p.steps[k].label}): a transfer reads unwritten byte {byte % self.size} "
+                            f"on tile {byte // self.size}")
 
     def _check_exchange(self, k: int, src, dst_t, dst_a, nb) -> None:
         """Destination rows must not overlap each other nor any source row of the same exchange: one sort of all

@@ -178,18 +178,20 @@ class AttentionLowering:
         self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
 
     def _mask_index(self, mask: str, lead, sq: int, sk: int, bh: int) -> tuple[np.ndarray, bool]:
-        """The mask's flat element index per (batch*head, query, key), and whether every query row reads the same
-        elements (a padding mask broadcast over queries: one row is delivered, not sq)."""
+        """The mask's flat element index per (batch*head, query, key), a [*lead, sq, sk] broadcast view (not bh x sq x
+        sk indices made: 25 M for bert-base at b128), and whether every query row reads the same elements: the query
+        axis is broadcast (a padding mask: one row is delivered, not sq), since distinct elements have distinct
+        indices."""
         mt = self.types[mask]
         midx = np.broadcast_to(np.arange(mt.size, dtype=I64).reshape(mt.shape), tuple(lead) + (sq, sk))
-        midx = midx.reshape(bh, sq, sk)
-        return midx, bool((midx == midx[:, :1, :]).all())
+        return midx, sq == 1 or midx.strides[-2] == 0
 
     def _gather_mask(self, mask: str, midx, same: bool, b_, q0, q1, k0, k1, tl, mbuf: int) -> SymTransfers:
         """Deliver mask[b, q0:q1 (or one row when `same`), k0:k1] to each unit's tile, packed row-major at mbuf."""
         misz = self.types[mask].itemsize
-        el = [(midx[b, :1, a:c] if same else midx[b, r0:r1, a:c]).reshape(-1)
-              for b, r0, r1, a, c in zip(b_, q0, q1, k0, k1)]
+        heads = ([midx[ix] for ix in zip(*np.unravel_index(np.asarray(b_, I64), midx.shape[:-2]))] if midx.ndim > 2
+                 else [midx] * len(b_))
+        el = [(m[:1, a:c] if same else m[r0:r1, a:c]).reshape(-1) for m, r0, r1, a, c in zip(heads, q0, q1, k0, k1)]
         cnt = np.array([len(x) for x in el], I64)
         return gather_elems(self.layout_of(mask), np.concatenate(el), np.repeat(tl, cnt), mbuf,
                             np.concatenate([np.arange(c, dtype=I64) * misz for c in cnt]))

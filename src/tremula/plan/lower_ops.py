@@ -570,8 +570,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         isz = np.dtype(it.dtype).itemsize
         ibuf = self.new_buffer(f"{ids}@{out}", "buffers", tl, n * isz)
         src = self.layout_of(ids)
-        e = np.tile(np.arange(n, dtype=I64), len(tl))
-        self.exchange(gather_elems(src, e, np.repeat(tl, n), ibuf, np.tile(np.arange(n, dtype=I64) * isz, len(tl))))
+        # every table tile gets all the ids, row-major: the whole id matrix as one rectangle each
+        self.exchange(gather_rects(src, 0, src.rows, 0, src.cols, tl, ibuf, 0, src.cols * isz))
         lay = self.alloc_layout(f"{out}@emb", n, d, dt.dtype, [0, n], ccuts, tl[None, :])
         w = np.diff(ccuts)
         ops = [(ibuf, 0, 1, n), (tbuf, trel, v, w), (lay.buf, lay.rel.reshape(-1), n, w)]

@@ -8,7 +8,9 @@ at, and in check mode forgotten again after their last reader.
 Execution is vectorised: the vertices of a group whose operand shapes (and code-path params) agree run as one stack.
 Each operand of the stack is gathered from the tiles' bytes with one fancy index (a window of the operand's bytes at
 every vertex's tile * SRAM + address), the codelet runs once on the stacked blocks and the outputs are scattered back
-the same way. An exchange copies all its rows of one length with one gather and one scatter.
+the same way. An exchange copies all its rows of one length with one gather and one scatter. With numba (the `fast`
+extra) these byte moves and the written map's checks run as compiled loops instead (sim/moves.py: each transfer row
+straight to its destinations), the same bytes.
 
 Check mode keeps a shadow "written" bitmap (one bit per byte), and fails with SimCheckError on: reading bytes nothing
 wrote (vertex operand, transfer source, host output), two vertices (or two transfers) writing overlapping bytes in one

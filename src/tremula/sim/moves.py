@@ -208,8 +208,8 @@ def exchange(mem: np.ndarray, wmap: np.ndarray | None, s0, s_stride, row_bytes, 
     """Copy every row r of every transfer t (bytes s0[t] + r * s_stride[t], row_bytes[t] long; flat offsets) to
     d0[k] + r * d_stride[k] for each destination k of the transfer (dst_start[t] to dst_start[t + 1]). With a written
     map: each source row must be written (else the flat offset of its first unwritten byte is returned, and the
-    exchange is left part done) and every destination row is marked. The caller has checked that no destination
-    overlaps another or a source, so the order of the copies cannot matter."""
+    exchange is left part done) and every destination row is marked. In check mode the simulator has first checked
+    that no destination overlaps another or a source, so the order of the copies cannot matter."""
     bad = np.zeros(1, np.int64)
     ok = _exchange(mem, _NO_MAP if wmap is None else wmap, _i64(s0), _i64(s_stride), _i64(row_bytes),
                    _i64(rows), _i64(dst_start), _i64(d0), _i64(d_stride), bad)

@@ -146,7 +146,7 @@ class AttentionLowering:
         vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, sk * dv * isz)
         lay, orel, value = self._attention_output(out, ot.dtype, u_bh, u_qi, qcuts, u_tile)
         if mask is not None:
-            midx, mrows_same = self._mask_index(mask, lead, sq, sk, bh)
+            midx, mrows_same = self._mask_index(mask, lead, sq, sk)
             mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
                                    (1 if mrows_same else maxq) * sk * self.types[mask].itemsize)
         scale = f2i(node.attrs["scale"])
@@ -177,7 +177,7 @@ class AttentionLowering:
         self.set_output(value, lay)
         self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
 
-    def _mask_index(self, mask: str, lead, sq: int, sk: int, bh: int) -> tuple[np.ndarray, bool]:
+    def _mask_index(self, mask: str, lead, sq: int, sk: int) -> tuple[np.ndarray, bool]:
         """The mask's flat element index per (batch*head, query, key), a [*lead, sq, sk] broadcast view (not bh x sq x
         sk indices made: 25 M for bert-base at b128), and whether every query row reads the same elements: the query
         axis is broadcast (a padding mask: one row is delivered, not sq), since distinct elements have distinct
@@ -257,7 +257,7 @@ class AttentionLowering:
         o_idx = np.flatnonzero(own)
         lay, orel, value = self._attention_output(out, ot.dtype, b_[o_idx], fi[o_idx], fine, tl[o_idx])
         if mask is not None:
-            midx, same = self._mask_index(mask, lead, sq, sk, bh)
+            midx, same = self._mask_index(mask, lead, sq, sk)
             mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
                                    (1 if same else maxq) * maxk * self.types[mask].itemsize)
         nrows, nkeys = q1 - q0, k1 - k0

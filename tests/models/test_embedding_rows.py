@@ -1,0 +1,24 @@
+"""An element-wise op with a broadcast operand runs on rows when keeping its input's column blocks would take more
+transfer entries (plan/lower_ops._lower_elementwise): BERT's embedding sum after the word lookup, whose layout is the
+table's columns over the tiles (one column a block), so the position embedding would arrive one element per row and
+block."""
+
+from tremula.check import check_model
+from tremula.frontends import load_model
+from tremula.pipeline import plan_graph
+from tremula.plan.layout import view2d
+from tremula.target.chip import load_chip
+
+TINY16 = "examples/chips/tiny16.toml"
+
+
+def test_embedding_sum_with_a_broadcast_runs_on_rows_and_checks():
+    chip = load_chip(TINY16)
+    g, state, *_ = plan_graph(load_model("bert-tiny", 4), chip, "float16")
+    add = next(n for n in g.nodes if n.op == "Add" and any(
+        g.types[i].shape != g.types[n.outputs[0]].shape and view2d(g.types[i].shape)[0] > 1 for i in n.inputs))
+    word = next(n for n in g.nodes if n.op == "Gather" and "word" in n.name)
+    lookup = state.layouts[word.outputs[0]]
+    assert not lookup.is_rows and len(lookup.col_cuts) - 1 == chip.tiles  # one table column block a tile
+    assert state.layouts[add.outputs[0]].is_rows
+    assert check_model("bert-tiny", chip, 4, "fp16").passed

@@ -302,13 +302,12 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         # Block k takes idx[r0:r0 + nr, c0:c0 + nc] in row-major order; j counts its elements. Aligned runs of g
         # elements consecutive on both sides (a row of a broadcast embedding) go as one entry each: the same
         # transfers, from g times fewer entries.
-        cnt = nr * nc
+        g = _broadcast_chunk(idx, nc, src)
+        cnt = nr * nc // g
         blk = np.repeat(np.arange(len(tl)), cnt)
-        j = positions_in_runs(cnt)
+        j = positions_in_runs(cnt) * g  # the first element of each run
         elems = idx[r0[blk] + j // nc[blk], c0[blk] + j % nc[blk]]
-        g = _chunk(elems, int(np.gcd.reduce(nc)), [src]) if len(elems) else 1
-        d_rel = trel.reshape(-1)[blk] + j * isz
-        self.exchange(gather_elems(src, elems[::g], tl[blk][::g], buf, d_rel[::g], g))
+        self.exchange(gather_elems(src, elems, tl[blk], buf, trel.reshape(-1)[blk] + j * isz, g))
         return (buf, trel, nr, nc)
 
     # ------------------------------------------------------------------------------------------------ element-wise
@@ -1000,6 +999,24 @@ def _chunk(flat: np.ndarray, cols: int, srcs: list[Layout]) -> int:
             m = flat.reshape(-1, g)
             if not ((m[:, 0] % STRIDE) % g).any() and (np.diff(m, axis=1) == 1).all():
                 return g
+        g = max(d for d in range(1, g) if g % d == 0)
+    return 1
+
+
+def _broadcast_chunk(idx: np.ndarray, nc: np.ndarray, src: Layout) -> int:
+    """_chunk of a broadcast operand's element map (block_operands), found on the index matrix idx [rows, cols]
+    instead of on the map's every element: the largest g dividing every block width nc, the source's row length and
+    column cuts, such that each aligned run of g columns of idx is g consecutive source elements starting at a
+    multiple of g. The blocks partition idx's columns at multiples of g, so these are exactly the map's runs (a block
+    of one row of a map whose rows are all equal reads a row that every other row equals)."""
+    g = int(np.gcd.reduce(np.concatenate([np.asarray(nc, I64).reshape(-1), [src.cols], src.col_cuts])))
+    if g <= 1 or idx.size == 0:
+        return 1
+    step = np.diff(idx, axis=1) == 1  # column c to c + 1 continues the source's run
+    inner = np.arange(idx.shape[1] - 1)
+    while g > 1:
+        if not (idx[:, ::g] % g).any() and step[:, inner % g != g - 1].all():
+            return g
         g = max(d for d in range(1, g) if g % d == 0)
     return 1
 

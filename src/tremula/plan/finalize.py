@@ -83,7 +83,7 @@ def memory_plan(state: LoweringState, chip, streaming: Streaming | None = None
         streaming = None
     live = liveness(state, streaming)
     state.streaming = streaming
-    memo = _memo(state, chip)
+    memo = _memo(state)
     if "sharing" not in memo:
         sharing = find_sharing(state) if getattr(state, "share_layers", False) else None
         memo["sharing"] = sharing if sharing is not None and sharing.shared_layers else None
@@ -107,15 +107,12 @@ def memory_plan(state: LoweringState, chip, streaming: Streaming | None = None
     return mp, live, reserved
 
 
-def _memo(state: LoweringState, chip) -> dict:
+def _memo(state: LoweringState) -> dict:
     """What memory_plan derives from a lowering alone (the layers it shares, the bytes their code and vertex state
-    reserve, the operands kept apart), kept on the state: plan/stream tries several streamings of one lowering, and
-    these do not depend on which weights are streamed (bert-base b128: 5 s of its 71 s compile a second try)."""
-    memo = getattr(state, "_plan_memo", None)
-    if memo is None or memo.get("chip") is not chip or memo.get("steps") != len(state.steps) or \
-            memo.get("bufs") != len(state.bufs):
-        memo = state._plan_memo = {"chip": chip, "steps": len(state.steps), "bufs": len(state.bufs)}
-    return memo
+    reserve, the operands kept apart), kept on the state (a lowering is for one chip and is not changed after):
+    plan/stream tries several streamings of one lowering, and these do not depend on which weights are streamed
+    (bert-base b128: 5 s of its 71 s compile a second try)."""
+    return state.__dict__.setdefault("_plan_memo", {})
 
 
 def _streams(state_streams, mp: MemoryPlan) -> list[HostStream]:

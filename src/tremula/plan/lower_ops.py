@@ -988,19 +988,28 @@ def _split(rows: int, parts: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)]).astype(I64)
 
 
+def _largest_run(width: int, srcs: list[Layout], moves_runs: Callable[[int], bool]) -> int:
+    """The largest g dividing `width` and every source's row length and column cuts (so a run of g stays inside one
+    source block) for which moves_runs(g), tried largest first; 1 when none."""
+    g = int(np.gcd.reduce(np.concatenate([[width]] + [np.concatenate([[s.cols], s.col_cuts]) for s in srcs])))
+    while g > 1:
+        if moves_runs(g):
+            return g
+        g = max(d for d in range(1, g) if g % d == 0)
+    return 1
+
+
 def _chunk(flat: np.ndarray, cols: int, srcs: list[Layout]) -> int:
     """The largest g dividing the output row length and every source column block, such that the index map moves
     aligned runs of g consecutive elements (so the map can be handled g elements at a time)."""
-    g = cols
-    for s in srcs:
-        g = int(np.gcd.reduce(np.concatenate([[g, s.cols], s.col_cuts])))
-    while g > 1:
-        if len(flat) % g == 0:
-            m = flat.reshape(-1, g)
-            if not ((m[:, 0] % STRIDE) % g).any() and (np.diff(m, axis=1) == 1).all():
-                return g
-        g = max(d for d in range(1, g) if g % d == 0)
-    return 1
+
+    def moves_runs(g: int) -> bool:
+        if len(flat) % g:
+            return False
+        m = flat.reshape(-1, g)
+        return not ((m[:, 0] % STRIDE) % g).any() and bool((np.diff(m, axis=1) == 1).all())
+
+    return _largest_run(cols, srcs, moves_runs)
 
 
 def _broadcast_chunk(idx: np.ndarray, nc: np.ndarray, src: Layout) -> int:
@@ -1009,16 +1018,17 @@ def _broadcast_chunk(idx: np.ndarray, nc: np.ndarray, src: Layout) -> int:
     column cuts, such that each aligned run of g columns of idx is g consecutive source elements starting at a
     multiple of g. The blocks partition idx's columns at multiples of g, so these are exactly the map's runs (a block
     of one row of a map whose rows are all equal reads a row that every other row equals)."""
-    g = int(np.gcd.reduce(np.concatenate([np.asarray(nc, I64).reshape(-1), [src.cols], src.col_cuts])))
-    if g <= 1 or idx.size == 0:
+    if idx.size == 0:
         return 1
-    step = np.diff(idx, axis=1) == 1  # column c to c + 1 continues the source's run
-    inner = np.arange(idx.shape[1] - 1)
-    while g > 1:
-        if not (idx[:, ::g] % g).any() and step[:, inner % g != g - 1].all():
-            return g
-        g = max(d for d in range(1, g) if g % d == 0)
-    return 1
+    step: list[np.ndarray] = []  # (made on the first g tried) column c to c + 1 continues the source's run
+
+    def moves_runs(g: int) -> bool:
+        if not step:
+            step.append(np.diff(idx, axis=1) == 1)
+        inner = np.arange(idx.shape[1] - 1)
+        return not (idx[:, ::g] % g).any() and bool(step[0][:, inner % g != g - 1].all())
+
+    return _largest_run(int(np.gcd.reduce(np.asarray(nc, I64).reshape(-1))), [src], moves_runs)
 
 
 def _ids(a: np.ndarray) -> set[int]:

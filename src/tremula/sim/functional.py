@@ -501,7 +501,7 @@ class Machine:
                                  self._flat(ex.src_tile, ex.src_addr), ex.src_stride, ex.row_bytes, rows, ex.dst_start,
                                  self._flat(ex.d_tile, ex.d_addr), ex.d_stride)
             if bad is not None:
-                self._unwritten_source(k, bad)
+                self._raise_unwritten_source(k, bad)
             return
         if self.check:
             self._check_sources(k, *src)
@@ -589,9 +589,9 @@ class Machine:
                 sel = grp[lo: lo + per]
                 bad = self._unwritten(flat[sel], length)
                 if bad is not None:
-                    self._unwritten_source(k, int(flat[sel[bad[0]]]) + bad[1])
+                    self._raise_unwritten_source(k, int(flat[sel[bad[0]]]) + bad[1])
 
-    def _unwritten_source(self, k: int, byte: int) -> None:
+    def _raise_unwritten_source(self, k: int, byte: int) -> None:
         raise SimCheckError(f"step {k} ({self.p.steps[k].label}): a transfer reads unwritten byte {byte % self.size} "
                             f"on tile {byte // self.size}")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tremula.errors import TremulaError
-from tremula.ir.graph import ConcatInit, Constant, DerivedInit, Graph
+from tremula.ir.graph import ConcatInit, Constant, DerivedInit, FoldInit, Graph
 from tremula.program import Program
 from tremula.target.chip import Chip, builtin_chip_names
 
@@ -116,6 +116,8 @@ def _value(c: Constant, cache: bool) -> np.ndarray:
         return out.astype(c.type.dtype, copy=False)
     if isinstance(init, ConcatInit):
         return init.join([_value(p, cache=False) for p in init.sources], c.type)
+    if isinstance(init, FoldInit):
+        return init.compute([_value(p, cache=False) for p in init.sources], c.type)
     assert init is not None
     return init.make(c.type)
 

@@ -107,6 +107,28 @@ def test_checkpoint_matches_torch(name, tmp_path):
         assert max_rel_err(out[k], ref[k]) <= 1e-4, k
 
 
+@pytest.mark.parametrize("name", TINY)
+def test_checkpoint_plans_as_the_zoo_model(name, tmp_path):
+    """Issue #14 item 7: a checkpoint folder plans exactly as the zoo model of its architecture does. The folder's
+    weights are values and fold (a position table sliced to the sequence, a CLS token expanded over the batch, SigLIP's
+    probe projected); the zoo's are lazy and used to stay nodes there, one step more. They now fold lazily
+    (ir/graph.FoldInit), and the two compile to the same steps, cycles and memory."""
+    from tremula.compiler import compile_model
+
+    model = hf_model_for(name)
+    randomise(model)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    seq = getattr(ZOO[name].config, "seq", None)
+    zoo = compile_model(name, "c600", 2, "fp16")
+    got = compile_model(lambda b: load_hf_folder(tmp_path, batch=b, seq_len=seq), "c600", 2, "fp16")
+
+    def plan(r):
+        return (r.steps, r.cycles, r.compute_cycles, r.exchange_cycles, r.sync_cycles, r.peak_tile_bytes,
+                r.memory_by_category, r.shared_layers)
+
+    assert plan(got) == plan(zoo)
+
+
 def test_constant_names_are_checkpoint_names(tmp_path):
     model = hf_model_for("bert-tiny")
     model.save_pretrained(tmp_path)

@@ -62,12 +62,11 @@ def _family(name: str, attn: str, batch: int = B, seq: int = S):
     return _LastHidden(model, list(inputs)).eval(), inputs
 
 
-def _export(model, inputs: dict, path, **kw) -> None:
+def _export(model, inputs: dict, path, output_names=("last_hidden_state",), **kw) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model, tuple(inputs.values()), str(path), input_names=list(inputs), output_names=["last_hidden_state"], **kw
-        )
+        torch.onnx.export(model, tuple(inputs.values()), str(path), input_names=list(inputs),
+                          output_names=list(output_names), **kw)
 
 
 def _check(path, model, inputs: dict, batch: int = B, seq_len: int | None = None) -> None:
@@ -178,14 +177,32 @@ def test_dynamo_unoptimized_export_folds_its_shape_noise(family: str, tmp_path) 
     _check(path, model, inputs)
 
 
+class _Pooled(torch.nn.Module):
+    """pixel_values in; last_hidden_state and the attention-pooling head's pooler_output out."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        out = self.model(pixel_values=pixel_values)
+        return out.last_hidden_state, out.pooler_output
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["body", "head"])
 @pytest.mark.parametrize("exporter", list(EXPORTERS))
-def test_export_shares_its_layers_as_the_zoo_model_does(exporter, tmp_path, monkeypatch) -> None:
+def test_export_shares_its_layers_as_the_zoo_model_does(exporter, head, tmp_path, monkeypatch) -> None:
     """Issue #14: the seed user's so400m export planned without shared layers, the zoo model with. The legacy
     exporter stores equal initializers once (a fresh model's LayerNorm scales are all one all-ones vector, its biases
     one all-zeros vector), so every layer read the first layer's vectors and no layer could run a template's code; the
     dynamo exporter names nodes node_linear_7 and initializers val_44, so no layer could be found by its name (layers
     are now found by structure, ir/layers.py). Planned with shared layers only, either export shares as many layers
-    as the zoo build of the same architecture, and its plan has the zoo model's steps and cycles."""
+    as the zoo build of the same architecture, and its plan has the zoo model's steps and cycles.
+
+    With the attention-pooling head (torch's MultiheadAttention: sequence-first, one projection for k and v split by
+    Gathers, a 3-D attention over batch x heads, its query a constant folded at export), the head is rewritten into
+    the zoo's form (passes/fuse_heads.py) and plans as the zoo's head does. Its weights are perturbed there, so that
+    no exporter drops a zero bias the zoo model keeps."""
     from tremula import pipeline
     from tremula.check import check_model
     from tremula.compiler import compile_model
@@ -200,22 +217,34 @@ def test_export_shares_its_layers_as_the_zoo_model_does(exporter, tmp_path, monk
     inputs = {"pixel_values": torch.randn(B, 3, IMG, IMG)}
     path = tmp_path / "siglip.onnx"
     dynamic = {"dynamic_axes": {"pixel_values": {0: "batch"}}} if exporter == "legacy" else {}  # dynamo: batch B
-    _export(_LastHidden(model, list(inputs)).eval(), inputs, path, **EXPORTERS[exporter], **dynamic)
+    if head:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        _export(_Pooled(model).eval(), inputs, path, output_names=["last_hidden_state", "pooler_output"],
+                **EXPORTERS[exporter], **dynamic)
+    else:
+        _export(_LastHidden(model, list(inputs)).eval(), inputs, path, **EXPORTERS[exporter], **dynamic)
     monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.12, None, True),))
     zoo = compile_model(lambda b: build_from_config("siglip", VisionConfig("siglip", 32, 4, 4, 64, IMG, 8, 1e-6,
-                                                                           "gelu_tanh", head=False),
+                                                                           "gelu_tanh", head=head),
                                                     LazyWeights(), batch=b), "c600", 2, "fp16")
     res = check_model(str(path), "c600", 2, "fp16")
     assert res.passed
     assert res.compile.shared_layers == zoo.shared_layers == 3
-    # and plans as the zoo model does: the same steps and cycles (the legacy exporter's tied vectors untied per node,
-    # plan/layers.untie_layer_vectors), and the same memory, except that the dynamo exporter's optimizer folds the
-    # patch embedding's bias into the position embedding it is added to (the Linear has no bias): one vector fewer,
-    # a few bytes fewer on the fullest tile
     got = res.compile
+    if head:  # the head's attention reads the projections as the zoo's does, with no re-layout of its own
+        attn = [n for n in got.graph.nodes if n.op == "Attention"][-1]
+        producers = got.graph.producers()
+        assert [producers[x].op for x in attn.inputs[1:3]] == ["Transpose", "Transpose"]
+        assert attn.inputs[0] in got.graph.constants and attn.attrs["scale"] == 1.0
+    # and plans as the zoo model does: the same steps and cycles (the legacy exporter's tied vectors untied per node,
+    # plan/layers.untie_layer_vectors), and the same memory, except that the dynamo exporter's optimizer drops the
+    # patch embedding's bias of a fresh model, all zeros, by folding it into the position embedding it is added to:
+    # one vector fewer, a few bytes fewer on the fullest tile (the perturbed model keeps it)
     assert (got.steps, got.cycles, got.compute_cycles, got.exchange_cycles, got.sync_cycles) == \
         (zoo.steps, zoo.cycles, zoo.compute_cycles, zoo.exchange_cycles, zoo.sync_cycles)
-    if exporter == "legacy":
+    if exporter == "legacy" or head:
         assert (got.peak_tile_bytes, got.memory_by_category) == (zoo.peak_tile_bytes, zoo.memory_by_category)
     else:
         assert len(got.graph.constants) == len(zoo.graph.constants) - 1

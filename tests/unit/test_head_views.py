@@ -16,6 +16,9 @@ def test_head_views_replace_the_split_and_merge(model):
     assert attn and len(outs) == len(attn)
     for n in attn:
         for x in n.inputs[:3]:
+            if x in g.constants:  # SigLIP's probe query: its projection folds to a constant, as with real weights
+                assert model == "siglip-tiny" and x == n.inputs[0] and x not in ins
+                continue
             hv = ins[x]
             b, h, s, d = g.types[x].shape
             assert (hv.heads, hv.seq, hv.dim) == (h, s, d)

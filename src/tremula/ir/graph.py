@@ -113,6 +113,26 @@ class ConcatInit:
         return out.astype(ttype.dtype, copy=False)
 
 
+@dataclass(frozen=True, eq=False)
+class FoldInit:
+    """A constant computed from other constants by one op when first needed: constant folding over lazy weights
+    (passes/fold.py), so a zoo model folds what the same model with a checkpoint's weights folds, without allocating
+    either while planning."""
+
+    sources: tuple[Constant, ...]
+    fn: Callable[[list[np.ndarray]], np.ndarray]  # the op on the sources' values (one of its outputs)
+    what: str
+
+    def make(self, ttype: TensorType) -> np.ndarray:
+        return self.compute([s.value() for s in self.sources], ttype)
+
+    def compute(self, values: list[np.ndarray], ttype: TensorType) -> np.ndarray:
+        out = np.asarray(self.fn(values))
+        if tuple(out.shape) != ttype.shape:
+            raise TremulaError(f"{self.what}: made {list(out.shape)}, expected {ttype}")
+        return out.astype(ttype.dtype, copy=False)
+
+
 def name_seed(base_seed: int, name: str) -> int:
     """A seed for one named tensor, stable across runs and Python versions (hash() is salted; crc32 is not)."""
     return (base_seed * 1_000_003 + zlib.crc32(name.encode())) & 0xFFFFFFFF
@@ -125,7 +145,7 @@ class Constant:
     name: str
     type: TensorType
     data: np.ndarray | None = None
-    init: LazyInit | DerivedInit | ConcatInit | None = None
+    init: LazyInit | DerivedInit | ConcatInit | FoldInit | None = None
 
     def __post_init__(self) -> None:
         if (self.data is None) == (self.init is None):

@@ -10,6 +10,7 @@ from tremula.passes.dce import eliminate_dead_code
 from tremula.passes.fold import fold_constants
 from tremula.passes.fuse_attention import fuse_attention
 from tremula.passes.fuse_gelu import fuse_gelu
+from tremula.passes.fuse_heads import fuse_heads
 from tremula.passes.fuse_layernorm import fuse_layernorm
 from tremula.passes.fuse_linear import fuse_linear
 from tremula.passes.fuse_patchify import fuse_patchify
@@ -20,8 +21,9 @@ from tremula.passes.fuse_qkv import fuse_qkv
 # take (a GELU's x and a LayerNorm's input are read, not claimed, so the Linear that makes them still fuses), and
 # Linear comes last so that no constant-operand MatMul of another pattern is taken first. A final fold merges the
 # transposes that peeling attention's kᵀ leaves back to back, and DCE drops the old interiors' constants. Projections
-# of one input are fused last, once every Linear exists.
-FUSIONS = (fuse_patchify, fuse_layernorm, fuse_gelu, fuse_attention, fuse_linear, fuse_qkv)
+# of one input are fused last, once every Linear exists; then attention's head split and merge are put in the form the
+# planner reads, which needs the Linears (and their Splits) made.
+FUSIONS = (fuse_patchify, fuse_layernorm, fuse_gelu, fuse_attention, fuse_linear, fuse_qkv, fuse_heads)
 
 
 def canonicalize(graph: Graph) -> Graph:
@@ -46,6 +48,7 @@ __all__ = [
     "fold_constants",
     "fuse_attention",
     "fuse_gelu",
+    "fuse_heads",
     "fuse_layernorm",
     "fuse_linear",
     "fuse_patchify",

@@ -1,23 +1,31 @@
 """Constant folding (including host-only shape arithmetic) and the local simplifications that expose fusions.
 
-Lazy weights are never materialised here. A node reading a lazy constant is folded only when its result needs no
-values: Identity (the output becomes another name for the same lazy constant) and Shape (the type alone answers).
-Anything else on a lazy weight (a Transpose, a Cast, ...) stays a node: a LazyInit describes a seeded draw, not a
-transformed one, so folding would have to allocate the weight — exactly what lazy weights exist to avoid when planning
-a 400M-parameter model. Those nodes are cheap to keep; the planner sees them as weight preprocessing.
+Lazy weights are never materialised here. A node reading a lazy constant folds to a lazy constant (ir/graph.FoldInit)
+that computes the op when its values are first needed, so a zoo model folds exactly what the same architecture with a
+checkpoint's weights folds (a BERT's position-table slice, a ViT's CLS token expanded over the batch, SigLIP's probe
+projection) and both plan alike, while planning a 400M-parameter model still allocates nothing.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tremula.ir.graph import Constant, Graph, Node
+from tremula.ir.graph import Constant, FoldInit, Graph, Node
 from tremula.ir.interp import infer_types
 from tremula.ir.ops import infer, rule
 
 # Folding replaces a node by its result; a node that *broadcasts* small constants into a huge one (Expand, Where) is
 # better left as a node than stored as a weight. Host-only ops are always folded: they cannot run on the chip.
 MAX_FOLDED_ELEMENTS = 1 << 24
+
+
+def _op_args(inputs: list[str], values: list[np.ndarray]) -> list[np.ndarray | None]:
+    """An op's arguments: `values` (of its present inputs) at their places, omitted optional inputs None."""
+    it = iter(values)
+    args = [next(it) if i else None for i in inputs]
+    while args and args[-1] is None:
+        args.pop()
+    return args
 
 
 def fold_constants(graph: Graph) -> Graph:
@@ -60,8 +68,6 @@ class _Folder:
             return False
         if node.op == "Identity" and self._alias(node.outputs[0], ins[0]):
             return True
-        if any(c.is_lazy for c in consts):  # type: ignore[union-attr]
-            return False
         in_types = [self.g.types[i] if i else None for i in node.inputs]
         while in_types and in_types[-1] is None:  # trailing omitted optional inputs
             in_types.pop()
@@ -69,12 +75,22 @@ class _Folder:
         in_size = sum(c.type.size for c in consts)  # type: ignore[union-attr]
         if not r.host_only and sum(t.size for t in out_types) > max(MAX_FOLDED_ELEMENTS, in_size):
             return False
-        args = [self.g.constants[i].value() if i else None for i in node.inputs]
-        while args and args[-1] is None:
-            args.pop()
-        vals = r.ref(args, node.attrs)
+        if any(c.is_lazy for c in consts):  # type: ignore[union-attr]
+            self._set_lazy(node, out_types)
+            return True
+        vals = r.ref(_op_args(node.inputs, [self.g.constants[i].value() for i in ins]), node.attrs)
         self._set_const(node, [np.asarray(v).astype(t.dtype).reshape(t.shape) for v, t in zip(vals, out_types)])
         return True
+
+    def _set_lazy(self, node: Node, out_types) -> None:
+        """Each output a lazy constant computing the op from its (lazy or concrete) constant inputs when needed."""
+        r, inputs, attrs = rule(node.op), list(node.inputs), dict(node.attrs)
+        sources = tuple(self.g.constants[i] for i in inputs if i)
+        for k, (name, t) in enumerate(zip(node.outputs, out_types)):
+            def fn(values, k=k):
+                return r.ref(_op_args(inputs, values), attrs)[k]
+            self.g.constants[name] = Constant(name, t, init=FoldInit(sources, fn, f"{node.op} {node.name or name}"))
+            self.g.types[name] = t
 
     def _set_const(self, node: Node, values: list[np.ndarray]) -> None:
         for name, v in zip(node.outputs, values):
@@ -115,6 +131,11 @@ class _Folder:
             same = tuple(np.broadcast_shapes(tx.shape, tuple(a["shape"]))) == tx.shape
         elif op == "Concat":
             same = len([i for i in node.inputs if i]) == 1
+        elif op == "Gather" and tx.shape and self.g.constants.get(node.inputs[1]) is not None and \
+                self.g.types[node.inputs[1]].shape == () and tx.shape[a.get("axis", 0) % len(tx.shape)] == 1:
+            # picking the only element of an axis (an exporter's x[:, 0] of a one-token sequence) drops the axis
+            node = Node("Reshape", [x], node.outputs, {"shape": self.g.types[node.outputs[0]].shape}, node.name)
+            return self._simplify(node)
         elif op == "Slice":
             same = self.g.types[node.outputs[0]].shape == tx.shape and all(s > 0 for s in (a.get("steps") or [1]))
         else:

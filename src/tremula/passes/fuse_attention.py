@@ -1,5 +1,8 @@
 """Attention fusion: softmax(q @ kᵀ · scale [masked]) @ v  ->  Attention(q, k, v[, mask], scale, causal).
 
+On [B, H, S, d] operands, or on [B*H, S, d] ones as torch's MultiheadAttention writes them: those become one sample of
+B*H heads (Reshapes around the Attention), which passes/fuse_heads.py turns back into B samples of H heads.
+
 Accepted between the score MatMul and Softmax(-1), in this order: a scale (Mul/Div by a scalar after the MatMul, or
 √scale Muls on q and on kᵀ/k before it, as torch's SDPA decomposition writes it), a Where with a constant boolean
 condition and a very negative fill, and an Add of a mask. A mask (additive or Where) that is exactly the causal
@@ -80,7 +83,8 @@ def _match(rw: Rewriter, tail: Node) -> bool:
     sm = body[0]
     s = sm.inputs[0]
     ts = rw.g.types[s]
-    if len(ts.shape) != 4 or sm.attrs.get("axis", -1) % 4 != 3 or not ts.dtype.startswith("float"):
+    rank = len(ts.shape)
+    if rank not in (3, 4) or sm.attrs.get("axis", -1) % rank != rank - 1 or not ts.dtype.startswith("float"):
         return False
     reader = sm
     # Optional additive mask: try each operand as the scores branch.
@@ -96,9 +100,16 @@ def _match(rw: Rewriter, tail: Node) -> bool:
     if found is None:
         return False
     q, kt, scale, where_mask, causal, nodes = found
-    if len(rw.g.types[kt].shape) != 4:  # a kᵀ the MatMul broadcasts over batch or heads: not one k per head
+    if any(len(rw.g.types[x].shape) != rank for x in (q, kt, v)):  # a kᵀ the MatMul broadcasts: not one k a head
         return False
     body += nodes
+    new_nodes: list[Node] = []
+    if rank == 3:  # [B*H, S, d] (torch's MultiheadAttention): attention over B*H heads of one sample
+        new_nodes = [rw.node("Reshape", [x], name=f"{tail.name}_{t}4", shape=(1, *rw.g.types[x].shape))
+                     for x, t in ((q, "q"), (kt, "kt"), (v, "v"))]
+        q, kt, v = (n.outputs[0] for n in new_nodes)
+        if where_mask is not None:
+            where_mask = where_mask.reshape((1,) * (4 - where_mask.ndim) + where_mask.shape)
     sq, sk = ts.shape[-2:]
     if mask is not None and mask in rw.g.constants and rw.g.constants[mask].data is not None:
         m = rw.g.constants[mask].data
@@ -108,7 +119,6 @@ def _match(rw: Rewriter, tail: Node) -> bool:
             mask = None
     if mask is not None and where_mask is not None:
         return False  # two masks would need an extra Add; rare enough to leave unfused
-    new_nodes: list[Node] = []
     k, perm, k_nodes, k_reader = _untranspose(rw, kt, body)
     if k_nodes:  # only this attention reads kᵀ: its transposes go, and a √scale under them too
         body += k_nodes
@@ -125,8 +135,18 @@ def _match(rw: Rewriter, tail: Node) -> bool:
         return False
     if where_mask is not None:
         mask = rw.constant(f"{tail.outputs[0]}_mask", where_mask)
+    if mask is not None and rank == 3:
+        mshape = rw.g.types[mask].shape
+        mask = rw.node("Reshape", [mask], name=f"{tail.name}_mask4", shape=(1,) * (4 - len(mshape)) + mshape)
+        new_nodes.append(mask)
+        mask = mask.outputs[0]
     ins = [q, k, v] + ([mask] if mask is not None else [])
-    new_nodes.append(rw.node("Attention", ins, tail.outputs, tail.name, scale=float(scale), causal=int(causal)))
+    out = tail.outputs if rank == 4 else None
+    attn = rw.node("Attention", ins, out, tail.name, scale=float(scale), causal=int(causal))
+    new_nodes.append(attn)
+    if rank == 3:
+        new_nodes.append(rw.node("Reshape", attn.outputs, tail.outputs, f"{tail.name}_3",
+                                 shape=rw.g.types[tail.outputs[0]].shape))
     return rw.replace(tail, body, new_nodes)
 
 

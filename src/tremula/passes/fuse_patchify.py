@@ -36,7 +36,7 @@ def _match(rw: Rewriter, conv: Node) -> bool:
     nodes: list[Node] = []
     if wc.data is not None:
         w2 = rw.constant(f"{w}_linear", wc.data.reshape(o, c * kh * kw).T)
-    else:  # a lazy weight stays lazy: the reshape and transpose remain nodes on it (see fold.py)
+    else:  # a lazy weight stays lazy: the reshape and transpose on it fold to a lazy constant (fold.py)
         r = rw.node("Reshape", [w], name=f"{conv.name}_w", shape=(o, c * kh * kw))
         t = rw.node("Transpose", [r.outputs[0]], name=f"{conv.name}_wt", perm=(1, 0))
         nodes += [r, t]

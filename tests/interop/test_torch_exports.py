@@ -249,3 +249,49 @@ def test_export_shares_its_layers_as_the_zoo_model_does(exporter, head, tmp_path
     else:
         assert len(got.graph.constants) == len(zoo.graph.constants) - 1
         assert 0 <= zoo.peak_tile_bytes - got.peak_tile_bytes <= 64
+
+
+class _SelfAttention(torch.nn.Module):
+    """x + MultiheadAttention(LayerNorm(x)), then a Linear: torch's own attention module, batch-first."""
+
+    def __init__(self, need_weights: bool):
+        super().__init__()
+        self.need_weights = need_weights
+        self.ln = torch.nn.LayerNorm(32)
+        self.attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+        self.fc = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = self.ln(x)
+        return self.fc(x + self.attn(h, h, h, need_weights=self.need_weights)[0])
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("exporter", list(EXPORTERS))
+def test_multihead_attention_module_reads_its_projection_per_head(exporter, need_weights, tmp_path) -> None:
+    """nn.MultiheadAttention(batch_first=True) runs sequence-first inside and transposes back after its
+    out-projection; after passes/fuse_heads.py its attention reads q, k and v as head views of its one in-projection
+    and writes the output where the out-projection reads it, as the zoo's attention does (no re-layout of its own)."""
+    from tremula.pipeline import canonical
+    from tremula.plan.lower_attention import head_views
+
+    torch.manual_seed(2)
+    model = _SelfAttention(need_weights).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    inputs = {"x": torch.randn(B, 10, 32)}
+    path = tmp_path / "mha.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (inputs["x"],), str(path), input_names=["x"], output_names=["y"],
+                          **EXPORTERS[exporter])
+    g = canonical(import_onnx(path, batch=B))
+    (attn,) = [n for n in g.nodes if n.op == "Attention"]
+    ins, outs, skip = head_views(g)
+    assert set(attn.inputs[:3]) <= set(ins) and attn.outputs[0] in outs
+    assert g.types[attn.outputs[0]].shape == (B, 4, 10, 8)
+    with torch.no_grad():
+        ref = model(inputs["x"]).numpy()
+    got = run(g, {"x": inputs["x"].numpy()})["y"]
+    assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-4

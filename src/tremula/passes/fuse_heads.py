@@ -17,8 +17,8 @@ rewrites the chain into that form:
   permutation moving to its output, where it joins the chain;
 - operands reading column parts of one projection read them through one Split;
 - an attention over B*H heads of one sample becomes one over H heads of B samples (a constant query reshaped);
-- the output chain becomes Transpose + Reshape, and a Linear after it whose output is only reshaped (the same bytes)
-  gets the reshape on its input instead.
+- the output chain becomes Transpose + Reshape, and a Linear after it whose output is only reordered by whole rows
+  (batch-first MultiheadAttention transposes back after its out-projection) gets the reordering on its input.
 
 Attentions already in the form are left as they are. A constant query takes the attention's scale into its values
 (the scale is then 1), as an exporter folds it into the query it computes at export time.
@@ -171,36 +171,49 @@ class _Heads:
         return v, chain
 
     def _output(self, big_b: int, big_h: int):
-        """(value Z, its chain, (Linear, its chain, end) to pull a reshape through or None, already in form) if the
-        attention output's chain of bijective moves ends in Z = the heads merged: Z viewed [B*s, H*dv]."""
+        """(value Z, its chain, (Linear, its chain, end) to pull a row permutation through or None, already in form)
+        if the attention output's chain of bijective moves ends in Z = the heads merged (Z viewed [B*s, H*dv]), or in
+        Z read only by a Linear whose output is only reordered by whole rows into `end`, such that those rows of Z
+        are the heads merged (torch's batch-first MultiheadAttention: sequence-first inside, transposed back after its
+        out-projection)."""
         g, y = self.g, self.attn.outputs[0]
         z, chain = self._chain_forward(y)
         if not chain:
             return None
         b, h, sq, dv = g.types[y].shape
         got = carry(View.of((b, h, sq, dv)), g, chain, z)  # [b, h] -> [B, H] keeps the flat order
-        want = View.of((big_b, big_h, sq, dv)).transpose(HEAD_PERM).reshape(g.types[z].shape)
-        zshape = g.types[z].shape
-        if got is None or want is None or zshape[-1] != big_h * dv or not got.same(want):
+        if got is None or g.types[z].shape[-1] != big_h * dv:
             return None
+
+        def merged(v: View | None, shape) -> bool:
+            want = View.of((big_b, big_h, sq, dv)).transpose(HEAD_PERM).reshape(shape)
+            return v is not None and want is not None and v.same(want)
+
         pull = self._pull(z)
+        if pull is not None:
+            lin, lchain, end = pull
+            if merged(_replay(got, g, lchain, big_h * dv), g.types[end].shape[:-1] + (big_h * dv,)):
+                return z, chain, pull, False
+        if not merged(got, g.types[z].shape):
+            return None
         in_form = (b, h) == (big_b, big_h) and [n.op for n in chain] == ["Transpose", "Reshape"] and \
-            tuple(chain[0].attrs.get("perm", ())) == HEAD_PERM and pull is None
-        return z, chain, pull, in_form
+            tuple(chain[0].attrs.get("perm", ())) == HEAD_PERM
+        return z, chain, None, in_form
 
     def _pull(self, z: str):
-        """(Linear, the chain after it, its end) if z's only reader is a Linear whose output is only reshaped (the
-        same bytes in the same order, the last axis kept) through single-reader moves; else None."""
+        """(Linear, the chain after it, its end) if z's only reader is a Linear whose output only goes through
+        single-reader moves that reorder whole rows (the last axis kept) into `end`; else None."""
         users = self.consumers.get(z, [])
         if len(users) != 1 or users[0].op != "Linear" or users[0].inputs[0] != z or z in self.g.outputs:
             return None
         lin = users[0]
         w = lin.outputs[0]
         end, chain = self._chain_forward(w)
-        if not chain or self.g.types[end].shape[-1] != self.g.types[w].shape[-1]:
+        if not chain:
             return None
-        got = carry(View.of(self.g.types[w].shape), self.g, chain, end)
-        return (lin, chain, end) if got is not None and got.same(View.of(self.g.types[end].shape)) else None
+        t = self.g.types[w]
+        rows = _rows_only(carry(View.of(t.shape), self.g, chain, end), t.size, t.shape[-1])
+        return None if rows is None else (lin, chain, end)
 
     # ------------------------------------------------------------------------------------------------ rewrite
     def _node(self, op: str, inputs: list[str], name: str, outputs: list[str] | None = None, **attrs) -> Node:
@@ -272,8 +285,8 @@ class _Heads:
         g.nodes = [n for n in g.nodes if id(n) not in self.dead]
 
     def _rewrite_output(self, out) -> None:
-        """The attention output as Transpose(HEAD_PERM) + Reshape to Z, or to the shape the pulled Linear's output
-        was reshaped to (the Linear then writes that value itself)."""
+        """The attention output as Transpose(HEAD_PERM) + Reshape to Z, or to the shape of the value the pulled
+        Linear's output was reordered into (the Linear then writes that value itself)."""
         g, a = self.g, self.attn
         z, chain, pull, _ = out
         self.dead |= {id(n) for n in chain}
@@ -307,6 +320,19 @@ def _head_view(got: View | None, src_shape: tuple[int, ...], shape: tuple[int, .
     want = want and want.reshape((big_b, s, big_h, d))
     want = want and want.transpose(HEAD_PERM).reshape(shape)
     return (big_b, big_h, off) if want is not None and got.same(want) else None
+
+
+def _replay(view: View | None, graph: Graph, chain: list[Node], k: int) -> View | None:
+    """`view` carried through a chain of moves that keep the last axis whole, each with its last dim made k (the
+    chain after a Linear, replayed on the Linear's input)."""
+    for n in chain:
+        if view is None:
+            return None
+        if n.op == "Reshape":
+            view = view.reshape(graph.types[n.outputs[0]].shape[:-1] + (k,))
+        elif n.op == "Transpose":
+            view = view.transpose(tuple(n.attrs.get("perm") or reversed(range(len(view.shape)))))
+    return view
 
 
 def _rows_only(u: View | None, total: int, n: int) -> View | None:

@@ -90,16 +90,23 @@ def make_transfers(s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_bu
     if n == 0:
         return SymTransfers.concat([])
     # Sort by source position (then destination, for a deterministic order); pieces with an identical source
-    # pattern become one multicast.
+    # pattern become one multicast: a piece starts a new transfer where a field of its pattern differs from the
+    # sorted piece before it. A field equal everywhere (often the buffer, the row count, the stride) is not
+    # compared; the fields are read at the transfers' first pieces only (a third of the time of sorting a stacked
+    # key whole, bert-base b128).
     order = lex_order((d_rel, d_tile, row_bytes, s_rel, s_tile, s_buf))
-    key = np.stack([s_tile, s_buf, s_rel, rows, row_bytes, s_stride])[:, order]
     new = np.ones(n, bool)
-    new[1:] = np.any(key[:, 1:] != key[:, :-1], axis=0)
+    differs = new[1:]
+    differs[:] = False
+    for x in (s_tile, s_buf, s_rel, rows, row_bytes, s_stride):
+        if x.min() != x.max():
+            xs = x[order]
+            differs |= xs[1:] != xs[:-1]
     firsts = np.flatnonzero(new)
+    at = order[firsts]
     starts = np.concatenate([firsts, [n]]).astype(I64)
-    k = key[:, firsts]
-    return SymTransfers(k[0], k[1], k[2], k[3], k[4], k[5], starts, d_tile[order], d_buf[order], d_rel[order],
-                        d_stride[order])
+    return SymTransfers(s_tile[at], s_buf[at], s_rel[at], rows[at], row_bytes[at], s_stride[at], starts,
+                        d_tile[order], d_buf[order], d_rel[order], d_stride[order])
 
 
 def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride) -> SymTransfers:

@@ -246,10 +246,10 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     # lowest peak was not the last one tried, it is lowered again.
     best: tuple | None = None  # (peak bytes, budget index)
     futile: dict[bool, float] = {}  # share mode -> the budget below which its tighter budgets cannot help
+    g = untie_layer_vectors(g)
     layers = find_layers(g)
     layered = len(set(layers.values())) > 1  # identical layers to share, maybe
     if layered:
-        g = untie_layer_vectors(g, layers)
         if weights != "resident" and limits.needs(g, dtype).total > limits.chip_capacity(chip):
             shared_only = True  # every weight on the chip cannot fit: only shared plans, which can stream, may
     tried_shared = False

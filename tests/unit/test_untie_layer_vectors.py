@@ -4,7 +4,6 @@ own per node has them; matrices stay tied."""
 import numpy as np
 
 from tremula.ir import GraphBuilder, run
-from tremula.ir.layers import find_layers
 from tremula.plan.layers import untie_layer_vectors
 
 
@@ -24,7 +23,7 @@ def _two_layers(shared_matrix: bool):
 
 def test_each_node_gets_its_own_vector_and_the_values_do_not_change():
     g = _two_layers(shared_matrix=False)
-    u = untie_layer_vectors(g, find_layers(g))
+    u = untie_layer_vectors(g)
     reads = {n.name: [v for v in n.inputs if v in u.constants and len(u.types[v].shape) == 1] for n in u.nodes}
     assert reads["enc.layers.0.ln"] == ["ones"]  # the first reader keeps the original
     copies = [reads[f"enc.layers.{i}.{op}"] for i in (0, 1) for op in ("ln", "fc")][1:]
@@ -39,9 +38,19 @@ def test_each_node_gets_its_own_vector_and_the_values_do_not_change():
 
 def test_matrices_stay_tied_and_an_untied_graph_is_returned_as_it_is():
     g = _two_layers(shared_matrix=True)
-    u = untie_layer_vectors(g, find_layers(g))
+    u = untie_layer_vectors(g)
     assert [n.inputs[1] for n in u.nodes if n.op == "Linear"] == ["w", "w"]
     g = _two_layers(shared_matrix=False)
     g.nodes = [n for n in g.nodes if n.name == "enc.layers.0.ln"]
     g.outputs = [g.nodes[-1].outputs[0]]
-    assert untie_layer_vectors(g, find_layers(g)) is g
+    assert untie_layer_vectors(g) is g
+
+
+def test_a_model_without_repeated_layers_is_untied_too():
+    """One layer: nothing to share, but it still plans as the model built with its own vectors does."""
+    g = _two_layers(shared_matrix=False)
+    keep = {"enc.layers.0.ln", "enc.layers.0.fc"}
+    g.nodes = [n for n in g.nodes if n.name in keep]
+    g.outputs = [g.nodes[-1].outputs[0]]
+    u = untie_layer_vectors(g)
+    assert [v for n in u.nodes for v in n.inputs if v.startswith("ones")] == ["ones", "ones@enc.layers.0.fc"]

@@ -28,16 +28,18 @@ I64 = np.int64
 ALIGN_SLACK = 4  # when a layer's storage overflows its cap, the cap grows by this many aligned words per tile
 
 
-def untie_layer_vectors(graph: Graph, layers: dict[str, LayerKey]) -> Graph:
-    """The graph (of repeated layers: `layers` is ir/layers.find_layers') with every vector constant (rank <= 1) that
-    several nodes read given one copy per reading node (the first keeps the original). Exporters store equal
+def untie_layer_vectors(graph: Graph) -> Graph:
+    """The graph with every vector constant (rank <= 1) that several nodes read given one copy per reading node (the
+    first keeps the original). Exporters store equal
     initializers once: torch.onnx's legacy exporter keeps one all-ones and one all-zeros vector for every LayerNorm
     and bias of a freshly initialised model, so a layer's LayerNorm read another layer's scale, and could not run the
     template layer's code (plan/share.py needs each layer's constants where the template has its own), and a layer's
     two LayerNorms or the patch embedding's bias and a LayerNorm's shared one vector, so the layers' storage held
     fewer vectors than the same model built with its own per node, and planned otherwise. A copy shares the original's
     values (nothing is made twice); on the chip each node then reads its own vectors, as in a model with its own.
-    Matrices stay tied: copying an ALBERT-style shared layer would multiply its weights."""
+    Models without repeated layers are untied too, so they plan as built with their own as well (a one-layer SigLIP
+    export's head LayerNorm read a layer's tied scale, 2 cycles off the zoo model). Matrices stay tied: copying an
+    ALBERT-style shared layer would multiply its weights."""
     readers: dict[str, list[str]] = {}  # vector -> the nodes that read it (node_key), in order
     for n in graph.nodes:
         k = node_key(n)
@@ -46,7 +48,7 @@ def untie_layer_vectors(graph: Graph, layers: dict[str, LayerKey]) -> Graph:
             if c is not None and len(c.type.shape) <= 1 and k not in readers.get(v, []):
                 readers.setdefault(v, []).append(k)
     tied = {v: set(keys[1:]) for v, keys in readers.items() if len(keys) > 1}
-    if not tied or not layers:
+    if not tied:
         return graph
     g = graph.copy()
     for v, keys in tied.items():

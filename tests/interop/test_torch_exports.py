@@ -295,3 +295,34 @@ def test_multihead_attention_module_reads_its_projection_per_head(exporter, need
         ref = model(inputs["x"]).numpy()
     got = run(g, {"x": inputs["x"].numpy()})["y"]
     assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("exporter", list(EXPORTERS))
+def test_bert_export_masks_and_token_types_plan_as_the_checkpoint(exporter, tmp_path) -> None:
+    """transformers' BERT export builds its padding mask as [B, 1, S, S] (the [B, S] mask flattened, gathered back,
+    and-ed with an all-true pattern, then Where) and folds its token-type embedding of all-zero ids to [B, S, D]. The
+    folding simplifications take both back to what the same checkpoint's folder builds: a [B, 1, 1, S] additive mask
+    that attention broadcasts, and one token-type row. The plan then has the folder's steps and fullest tile."""
+    from tremula.compiler import compile_model
+    from tremula.frontends import load_model
+    from tremula.pipeline import canonical
+
+    torch.manual_seed(0)
+    wrapper, inputs = _family("bert", "eager")
+    with torch.no_grad():
+        for p in wrapper.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    folder = tmp_path / "bert"
+    wrapper.model.save_pretrained(folder, safe_serialization=True)
+    path = tmp_path / "bert.onnx"
+    _export(wrapper, inputs, path, **EXPORTERS[exporter])
+    g = canonical(import_onnx(path, batch=B, seq_len=S))
+    masks = {g.types[n.inputs[3]].shape for n in g.nodes if n.op == "Attention"}
+    assert masks == {(B, 1, 1, S)}
+    assert [n.op for n in g.nodes].count("Gather") == 1  # the word lookup only
+    emb = [n for n in g.nodes if n.op == "Add"][:2]  # the token-type and position sums
+    assert sorted(g.types[n.inputs[1]].shape[:-1] for n in emb) == [(1, 1), (1, S)]
+    _check(path, wrapper, inputs, seq_len=S)
+    got = compile_model(lambda b: load_model(str(path), b, seq_len=S), "c600", B, "fp16")
+    ref = compile_model(lambda b: load_model(str(folder), b, seq_len=S), "c600", B, "fp16")
+    assert (got.steps, got.peak_tile_bytes) == (ref.steps, ref.peak_tile_bytes)

@@ -192,3 +192,60 @@ def test_shape_arithmetic_on_run_time_values_is_a_clear_error():
     b.output(r, "y")
     with pytest.raises(TremulaError, match="run-time"):
         canonicalize(b.build())
+
+
+def test_a_gather_of_every_element_in_order_is_a_reshape():
+    """transformers' BERT mask builder flattens the [B, S] mask and gathers it back as [B, 1, 1, S]."""
+    for in_order in (True, False):
+        b = GraphBuilder("gather")
+        m = b.input("m", (2, 7))
+        flat = b.op("Reshape", [m], shape=(14, 1))
+        idx = np.arange(14).reshape(2, 1, 1, 7)
+        if not in_order:
+            idx = idx[::-1].copy()
+        g4 = b.op("Gather", [flat, b.const("idx", idx.astype(np.int64))], axis=0)
+        b.output(b.op("Reshape", [g4], shape=(2, 1, 1, 7)), "y")
+        g = b.build()
+        f = eliminate_dead_code(fold_constants(g))
+        assert _ops(f) == (["Reshape"] if in_order else ["Reshape", "Gather", "Reshape"])
+        _same(g, f, {"m": RNG.standard_normal((2, 7)).astype(np.float32)})
+
+
+def test_a_mask_expanded_by_an_all_true_pattern_reaches_attention_unexpanded():
+    """And(all-true [1, 1, Sq, 1], padding [B, 1, 1, Sk]) -> Where(.., 0, -big) is the padding mask broadcast over the
+    query rows: the Where runs on [B, 1, 1, Sk] and attention reads that (it broadcasts masks itself); a causal
+    pattern (not all true) keeps its And."""
+    for causal in (False, True):
+        b = GraphBuilder("mask")
+        q, k, v = (b.input(n, (2, 2, 5, 4)) for n in "qkv")
+        pad = b.op("Cast", [b.input("pad", (2, 1, 1, 5))], to="bool")
+        pattern = np.tril(np.ones((5, 5), bool))[None, None] if causal else np.ones((1, 1, 5, 1), bool)
+        allowed = b.op("And", [b.const("pattern", pattern), pad])
+        mask = b.op("Where", [allowed, b.const("zero", np.float32(0)), b.const("neg", np.float32(-1e9))])
+        b.output(b.op("Attention", [q, k, v, mask], scale=0.5, causal=0), "y")
+        g = b.build()
+        f = eliminate_dead_code(fold_constants(g))
+        attn = f.nodes[-1]
+        assert f.types[attn.inputs[3]].shape == ((2, 1, 5, 5) if causal else (2, 1, 1, 5))
+        assert ("And" in _ops(f)) == causal
+        pad_v = np.ones((2, 1, 1, 5), np.float32)
+        pad_v[1, ..., 3:] = 0
+        feeds = {n: RNG.standard_normal((2, 2, 5, 4)).astype(np.float32) for n in "qkv"} | {"pad": pad_v}
+        _same(g, f, feeds)
+
+
+def test_a_constant_repeated_along_leading_axes_shrinks_to_one_row():
+    """An exporter's token-type embedding of all-zero type ids, folded to [B, S, D]: one row, broadcast. The last
+    axis is never cut (a LayerNorm's all-ones scale stays the vector the fusion looks for)."""
+    b = GraphBuilder("rows")
+    x = b.input("x", (2, 7, 4))
+    row = RNG.standard_normal(4).astype(np.float32)
+    per_pos = RNG.standard_normal((7, 4)).astype(np.float32)
+    y = b.op("Add", [x, b.const("types", np.broadcast_to(row, (2, 7, 4)).copy())])
+    y = b.op("Add", [y, b.const("pos", np.broadcast_to(per_pos, (2, 7, 4)).copy())])
+    b.output(b.op("Mul", [y, b.const("ones", np.ones(4, np.float32))]), "y")
+    g = b.build()
+    f = fold_constants(g)
+    shapes = [f.types[n.inputs[1]].shape for n in f.nodes]
+    assert shapes == [(1, 1, 4), (1, 7, 4), (4,)]
+    _same(g, f, {"x": RNG.standard_normal((2, 7, 4)).astype(np.float32)})

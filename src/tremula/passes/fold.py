@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula.ir.graph import Constant, FoldInit, Graph, Node
+from tremula.ir.graph import Constant, FoldInit, Graph, Node, TensorType
 from tremula.ir.interp import infer_types
 from tremula.ir.ops import infer, rule
 
 # Folding replaces a node by its result; a node that *broadcasts* small constants into a huge one (Expand, Where) is
 # better left as a node than stored as a weight. Host-only ops are always folded: they cannot run on the chip.
 MAX_FOLDED_ELEMENTS = 1 << 24
+# The largest input whose Gather pattern is checked on an index array (a mask of batch x sequence is far smaller).
+SMALL_MAP = 1 << 22
 
 
 def _op_args(inputs: list[str], values: list[np.ndarray]) -> list[np.ndarray | None]:
@@ -131,11 +133,29 @@ class _Folder:
             same = tuple(np.broadcast_shapes(tx.shape, tuple(a["shape"]))) == tx.shape
         elif op == "Concat":
             same = len([i for i in node.inputs if i]) == 1
-        elif op == "Gather" and tx.shape and self.g.constants.get(node.inputs[1]) is not None and \
-                self.g.types[node.inputs[1]].shape == () and tx.shape[a.get("axis", 0) % len(tx.shape)] == 1:
-            # picking the only element of an axis (an exporter's x[:, 0] of a one-token sequence) drops the axis
+        elif op == "Gather" and self._gathers_in_order(node):
+            # every element in order: an exporter's x[:, 0] of a one-token sequence, or a padding mask flattened
+            # and gathered back to [B, 1, 1, S] (transformers' BERT)
             node = Node("Reshape", [x], node.outputs, {"shape": self.g.types[node.outputs[0]].shape}, node.name)
             return self._simplify(node)
+        elif op in ("And", "Or") and self._neutral(node) is not None:
+            # x and an all-true constant (or x or an all-false one) is x, broadcast (a bidirectional mask's
+            # "allowed" pattern in transformers' mask builder)
+            node = Node("Expand", [self._neutral(node)], node.outputs,
+                        {"shape": self.g.types[node.outputs[0]].shape}, node.name)
+            return self._simplify(node)
+        elif op == "Where" and self._pushed_expand(node) is not None:
+            return self._pushed_expand(node)
+        elif op == "Attention" and len(node.inputs) > 3 and node.inputs[3] and \
+                self.made.get(node.inputs[3]) is not None and self.made[node.inputs[3]].op == "Expand":
+            # attention broadcasts its mask itself: the mask before it was expanded over the query rows
+            m = self.made[node.inputs[3]].inputs[0]
+            if len(self.g.types[m].shape) == 4:
+                node.inputs = [*node.inputs[:3], m, *node.inputs[4:]]
+            return node
+        elif op in ("Add", "Sub", "Mul", "Div") and len(node.inputs) == 2:
+            self._shrink_repeated(node)
+            return node
         elif op == "Slice":
             same = self.g.types[node.outputs[0]].shape == tx.shape and all(s > 0 for s in (a.get("steps") or [1]))
         else:
@@ -143,6 +163,70 @@ class _Folder:
         if same and self._alias(node.outputs[0], x):
             return None
         return node
+
+    def _gathers_in_order(self, node: Node) -> bool:
+        """True if the Gather (constant indices) takes every element of its input in order: a Reshape."""
+        x, idx = node.inputs[0], self.g.constants.get(node.inputs[1])
+        tx, out = self.g.types[x], self.g.types[node.outputs[0]]
+        if idx is None or idx.is_lazy or not tx.shape or out.size != tx.size:
+            return False
+        axis = node.attrs.get("axis", 0) % len(tx.shape)
+        if tx.shape[axis] == 1:  # the only element of its axis (any in-range index is 0 or -1)
+            return True
+        if tx.size > SMALL_MAP:
+            return False
+        pos = np.take(np.arange(tx.size).reshape(tx.shape), idx.value(), axis=axis, mode="wrap")
+        return bool(np.array_equal(pos.reshape(-1), np.arange(tx.size)))
+
+    def _neutral(self, node: Node) -> str | None:
+        """For And / Or with a concrete all-true / all-false constant operand: the other operand, else None."""
+        want = node.op == "And"
+        for c, other in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+            k = self.g.constants.get(c)
+            if k is not None and not k.is_lazy and other not in self.g.constants and \
+                    bool(np.all(k.value() == want)) and self.g.types[node.outputs[0]].shape == \
+                    tuple(np.broadcast_shapes(self.g.types[other].shape, k.type.shape)):
+                return other
+        return None
+
+    def _pushed_expand(self, node: Node) -> Node | None:
+        """Where(Expand(c), a, b) with scalar constants a, b as Expand(Where(c, a, b)): the small Where is kept here
+        and the Expand returned, so a consumer that broadcasts (attention's mask) can read the small one."""
+        cond, a, b = node.inputs
+        ex = self.made.get(cond)
+        if ex is None or ex.op != "Expand" or any(self.g.constants.get(v) is None or self.g.types[v].size != 1
+                                                  for v in (a, b)):
+            return None
+        y = ex.inputs[0]
+        small = self.g.fresh_name(f"{node.outputs[0]}_small")
+        shape = tuple(np.broadcast_shapes(self.g.types[y].shape, self.g.types[a].shape, self.g.types[b].shape))
+        self.g.types[small] = TensorType(shape, self.g.types[node.outputs[0]].dtype)
+        where = Node("Where", [y, a, b], [small], dict(node.attrs), node.name)
+        self.kept.append(where)
+        self.made[small] = where
+        return Node("Expand", [small], node.outputs, {"shape": self.g.types[node.outputs[0]].shape}, f"{node.name}_b")
+
+    def _shrink_repeated(self, node: Node) -> None:
+        """A concrete constant operand of a broadcasting binary op whose values repeat along leading axes (not the
+        last) that the other operand spans: those axes cut to one (an exporter's token-type embedding folded to
+        [B, S, D] from all-zero type ids is one row, broadcast). The last axis is kept: a LayerNorm's all-ones scale
+        must stay the vector the fusions look for."""
+        out = self.g.types[node.outputs[0]].shape
+        for j, c in enumerate(node.inputs):
+            k = self.g.constants.get(c)
+            other = node.inputs[1 - j]
+            if k is None or k.is_lazy or len(k.type.shape) < 2 or k.type.size > MAX_FOLDED_ELEMENTS or \
+                    self.g.types[other].shape != out:
+                continue
+            v = k.value()
+            axes = [ax for ax in range(v.ndim - 1) if v.shape[ax] > 1 and
+                    np.array_equal(v, np.broadcast_to(v.take([0], axis=ax), v.shape))]
+            if axes:
+                small = v[tuple(slice(0, 1) if ax in axes else slice(None) for ax in range(v.ndim))]
+                name = self.g.fresh_name(f"{c}_row")
+                self.g.constants[name] = Constant.of(name, np.ascontiguousarray(small))
+                self.g.types[name] = self.g.constants[name].type
+                node.inputs = [name if i == j else x for i, x in enumerate(node.inputs)]
 
     def _alias(self, old: str, new: str) -> bool:
         """Make `old` another name for `new`. A graph output keeps its name: the producer of `new` is renamed."""

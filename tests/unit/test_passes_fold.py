@@ -249,3 +249,11 @@ def test_a_constant_repeated_along_leading_axes_shrinks_to_one_row():
     shapes = [f.types[n.inputs[1]].shape for n in f.nodes]
     assert shapes == [(1, 1, 4), (1, 7, 4), (4,)]
     _same(g, f, {"x": RNG.standard_normal((2, 7, 4)).astype(np.float32)})
+
+
+def test_an_out_of_range_gather_is_not_made_a_reshape():
+    b = GraphBuilder("oob")
+    x = b.input("x", (2, 1, 3))
+    b.output(b.op("Gather", [x, b.const("i", np.array(3, np.int64))], axis=1), "y")
+    f = fold_constants(b.build())
+    assert _ops(f) == ["Gather"]  # left for the Gather to refuse when it runs

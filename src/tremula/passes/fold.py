@@ -168,14 +168,17 @@ class _Folder:
         """True if the Gather (constant indices) takes every element of its input in order: a Reshape."""
         x, idx = node.inputs[0], self.g.constants.get(node.inputs[1])
         tx, out = self.g.types[x], self.g.types[node.outputs[0]]
-        if idx is None or idx.is_lazy or not tx.shape or out.size != tx.size:
+        if idx is None or idx.is_lazy or not tx.shape or out.size != tx.size or idx.type.size > SMALL_MAP:
             return False
         axis = node.attrs.get("axis", 0) % len(tx.shape)
-        if tx.shape[axis] == 1:  # the only element of its axis (any in-range index is 0 or -1)
+        n, at = tx.shape[axis], idx.value()
+        if not np.issubdtype(at.dtype, np.integer) or np.any((at < -n) | (at >= n)):
+            return False  # out of range: left for the Gather to refuse at run time
+        if n == 1:  # the only element of its axis
             return True
         if tx.size > SMALL_MAP:
             return False
-        pos = np.take(np.arange(tx.size).reshape(tx.shape), idx.value(), axis=axis, mode="wrap")
+        pos = np.take(np.arange(tx.size).reshape(tx.shape), np.where(at < 0, at + n, at), axis=axis)
         return bool(np.array_equal(pos.reshape(-1), np.arange(tx.size)))
 
     def _neutral(self, node: Node) -> str | None:

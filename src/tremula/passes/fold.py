@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula.ir.graph import Constant, FoldInit, Graph, Node, TensorType
+from tremula.ir.graph import Constant, FoldInit, Graph, Node
 from tremula.ir.interp import infer_types
 from tremula.ir.ops import infer, rule
+from tremula.passes.pattern import new_node
 
 # Folding replaces a node by its result; a node that *broadcasts* small constants into a huge one (Expand, Where) is
 # better left as a node than stored as a weight. Host-only ops are always folded: they cannot run on the chip.
@@ -138,14 +139,13 @@ class _Folder:
             # and gathered back to [B, 1, 1, S] (transformers' BERT)
             node = Node("Reshape", [x], node.outputs, {"shape": self.g.types[node.outputs[0]].shape}, node.name)
             return self._simplify(node)
-        elif op in ("And", "Or") and self._neutral(node) is not None:
+        elif op in ("And", "Or") and (kept := self._neutral(node)) is not None:
             # x and an all-true constant (or x or an all-false one) is x, broadcast (a bidirectional mask's
             # "allowed" pattern in transformers' mask builder)
-            node = Node("Expand", [self._neutral(node)], node.outputs,
-                        {"shape": self.g.types[node.outputs[0]].shape}, node.name)
+            node = Node("Expand", [kept], node.outputs, {"shape": self.g.types[node.outputs[0]].shape}, node.name)
             return self._simplify(node)
-        elif op == "Where" and self._pushed_expand(node) is not None:
-            return self._pushed_expand(node)
+        elif op == "Where" and (expand := self._pushed_expand(node)) is not None:
+            return expand
         elif op == "Attention" and len(node.inputs) > 3 and node.inputs[3] and \
                 self.made.get(node.inputs[3]) is not None and self.made[node.inputs[3]].op == "Expand":
             # attention broadcasts its mask itself: the mask before it was expanded over the query rows
@@ -200,14 +200,12 @@ class _Folder:
         if ex is None or ex.op != "Expand" or any(self.g.constants.get(v) is None or self.g.types[v].size != 1
                                                   for v in (a, b)):
             return None
-        y = ex.inputs[0]
-        small = self.g.fresh_name(f"{node.outputs[0]}_small")
-        shape = tuple(np.broadcast_shapes(self.g.types[y].shape, self.g.types[a].shape, self.g.types[b].shape))
-        self.g.types[small] = TensorType(shape, self.g.types[node.outputs[0]].dtype)
-        where = Node("Where", [y, a, b], [small], dict(node.attrs), node.name)
+        where = new_node(self.g, "Where", [ex.inputs[0], a, b], [self.g.fresh_name(f"{node.outputs[0]}_small")],
+                         node.name, **node.attrs)
         self.kept.append(where)
-        self.made[small] = where
-        return Node("Expand", [small], node.outputs, {"shape": self.g.types[node.outputs[0]].shape}, f"{node.name}_b")
+        self.made[where.outputs[0]] = where
+        return Node("Expand", where.outputs, node.outputs, {"shape": self.g.types[node.outputs[0]].shape},
+                    f"{node.name}_b")
 
     def _shrink_repeated(self, node: Node) -> None:
         """A concrete constant operand of a broadcasting binary op whose values repeat along leading axes (not the

@@ -32,6 +32,7 @@ from tremula.ir.graph import Constant, Graph, Node
 from tremula.ir.interp import infer_types
 from tremula.ir.ops import infer
 from tremula.passes.fold import fold_constants
+from tremula.passes.pattern import new_node
 from tremula.passes.views import View, carry, coalesce
 
 HEAD_PERM = (0, 2, 1, 3)  # [B, S, H, d] <-> [B, H, S, d]
@@ -217,12 +218,7 @@ class _Heads:
 
     # ------------------------------------------------------------------------------------------------ rewrite
     def _node(self, op: str, inputs: list[str], name: str, outputs: list[str] | None = None, **attrs) -> Node:
-        types = infer(op, [self.g.types[i] for i in inputs], attrs)
-        if outputs is None:
-            outputs = [self.g.fresh_name(f"{name}_{j}" if len(types) > 1 else name) for j in range(len(types))]
-        for o, t in zip(outputs, types):
-            self.g.types[o] = t
-        return Node(op, list(inputs), list(outputs), attrs, name)
+        return new_node(self.g, op, inputs, outputs, name, **attrs)
 
     def _source(self, src: str, lin: Node | None, made: dict[str, str]) -> str:
         """The value the head views read: src itself, or the commuted Linear made on it (once)."""

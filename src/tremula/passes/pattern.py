@@ -99,15 +99,7 @@ class Rewriter:
 
     def node(self, op: str, inputs: list[str], outputs: list[str] | None = None, name: str = "", **attrs: Any) -> Node:
         """A new node with its output types inferred; fresh output names unless given."""
-        ins = [self.g.types[i] if i else None for i in inputs]
-        while ins and ins[-1] is None:
-            ins.pop()
-        types = infer(op, ins, attrs)  # type: ignore[arg-type]
-        if outputs is None:
-            outputs = [self.g.fresh_name(f"{name or op.lower()}_out") for _ in types]
-        for o, t in zip(outputs, types):
-            self.g.types[o] = t
-        return Node(op, list(inputs), list(outputs), dict(attrs), name or outputs[0])
+        return new_node(self.g, op, inputs, outputs, name, **attrs)
 
     def replace(self, tail: Node, interior: list[Node], new_nodes: list[Node]) -> bool:
         """Record a match: `new_nodes` (in order) take the tail's place; interior nodes go. False if overlapping."""
@@ -132,6 +124,24 @@ class Rewriter:
         live = set(g.inputs) | set(g.constants) | {o for n in out for o in n.outputs}
         g.types = {k: t for k, t in g.types.items() if k in live}
         return g
+
+
+def new_node(g: Graph, op: str, inputs: list[str], outputs: list[str] | None = None, name: str = "",
+             **attrs: Any) -> Node:
+    """A new node of graph g (not yet in its node list) with its output types inferred into g.types; fresh output
+    names `name`_out (each registered as it is made, so several outputs get distinct names) unless given."""
+    ins = [g.types[i] if i else None for i in inputs]
+    while ins and ins[-1] is None:
+        ins.pop()
+    types = infer(op, ins, attrs)  # type: ignore[arg-type]
+    if outputs is None:
+        outputs = []
+        for t in types:
+            outputs.append(g.fresh_name(f"{name or op.lower()}_out"))
+            g.types[outputs[-1]] = t
+    for o, t in zip(outputs, types):
+        g.types[o] = t
+    return Node(op, list(inputs), list(outputs), dict(attrs), name or outputs[0])
 
 
 def last_axis(axes: Any, rank: int) -> bool:

@@ -74,6 +74,24 @@ def test_reduce_in_half_sums_the_parts_in_part_order():
         assert np.array_equal(out, want.astype(np.float16)), mine
 
 
+def test_reduce_in_half_on_a_stack_of_vertices_owning_different_parts():
+    """A stack of vertices, each owning another part, with sums that saturate: each vertex's parts in part order."""
+    rng = np.random.default_rng(4)
+    nv, pk, m, n = 7, 5, 2, 9
+    parts = (rng.standard_normal((nv, pk, m, n)) * 3e4).astype(np.float16)
+    mine = np.arange(nv) % pk
+    own = np.stack([parts[v, mine[v]] for v in range(nv)])
+    recv = np.stack([np.concatenate([parts[v, q] for q in range(pk) if q != mine[v]]) for v in range(nv)])
+    out = np.zeros((nv, m, n), np.float16)
+    params = np.array([(pk, 0, 1, mine[v]) for v in range(nv)], np.int64)
+    codelet("reduce_partials").run([own, recv, out], params)
+    for v in range(nv):
+        want = parts[v, 0].astype(np.float32)
+        for q in range(1, pk):
+            want = np.clip(want + parts[v, q].astype(np.float32), -65504, 65504).astype(np.float16).astype(np.float32)
+        assert np.array_equal(out[v], want.astype(np.float16)), v
+
+
 def _round_by_definition(v):
     """The rounding as first written (abs, clip, binade, add/sub 2**13 x binade, copysign): the bits to match."""
     v = v.copy()

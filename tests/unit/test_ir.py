@@ -136,3 +136,29 @@ def test_moves_of_a_scalar_stay_scalars():
         (y,) = OPS[op].ref([x], attrs)
         assert y.shape == () and y == -4, op
         assert OPS[op].infer([TensorType((), "int64")], attrs)[0].shape == ()
+
+
+def test_seeded_weights_are_made_once_and_shared_read_only():
+    import gc
+
+    from tremula.frontends.zoo import build_zoo
+    from tremula.ir.graph import sharing_weights
+
+    def weight(g):
+        return max(g.constants.values(), key=lambda c: c.type.size).value()
+
+    with sharing_weights():
+        first = weight(build_zoo("bert-tiny", 1))
+        ident, copy = id(first), first.copy()
+        del first
+        gc.collect()  # the graph that made it is gone; the block keeps its values
+        again = weight(build_zoo("bert-tiny", 2))  # another batch, the same seeded weights
+        assert id(again) == ident and np.array_equal(again, copy)
+        assert not again.flags.writeable
+        with pytest.raises(ValueError):
+            again[0] = 0  # (a change would reach every graph sharing them)
+    g = build_zoo("bert-tiny", 1)
+    w = weight(g)
+    assert weight(build_zoo("bert-tiny", 1)) is w  # shared while a graph holds them, block or not
+    other = build_zoo("bert-tiny", 1, seed=1)
+    assert not np.array_equal(weight(other), w)  # another seed is another init

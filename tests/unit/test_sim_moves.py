@@ -96,3 +96,24 @@ def test_exchange_reports_an_unwritten_source_byte():
     got = moves.exchange(mem, wmap, np.array([100]), np.array([16]), np.array([8]), np.array([3]), np.array([0, 1]),
                          np.array([SIZE]), np.array([8]))
     assert got == 100 + 16 + 3
+
+
+@pytest.mark.parametrize("dtype,rows,cols", [(np.uint8, 3, 5), (np.float16, 2, 7), (np.float32, 4, 3), (np.float32, 1, 1)])
+def test_blocks_of_a_constant_are_its_slices_written_row_after_row(dtype, rows, cols):
+    rng = np.random.default_rng(rows * 10 + cols)
+    src = rng.integers(0, 100, (9, 11)).astype(dtype)
+    n = 6
+    r0, c0 = rng.integers(0, 9 - rows + 1, n), rng.integers(0, 11 - cols + 1, n)
+    nbytes = rows * cols * src.itemsize
+    starts = _disjoint_rows(rng, n, nbytes)
+    mem = rng.integers(0, 256, SIZE, dtype=np.uint8)
+    want = mem.copy()
+    for s, r, c in zip(starts, r0, c0):
+        want[s: s + nbytes] = np.ascontiguousarray(src[r: r + rows, c: c + cols]).reshape(-1).view(np.uint8)
+    wmap = np.zeros(SIZE // 8, np.uint8)
+    moves.blocks(mem, wmap, starts, src, r0, c0, rows, cols)
+    assert np.array_equal(mem, want)
+    marked = np.zeros(SIZE, bool)
+    for s in starts:
+        marked[s: s + nbytes] = True
+    assert np.array_equal(np.unpackbits(wmap, bitorder="little").astype(bool), marked)

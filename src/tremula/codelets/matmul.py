@@ -13,7 +13,7 @@ import numpy as np
 
 from tremula.codelets import first, register
 from tremula.numerics.amp import as_half, half_partial_sums, saturate_round_half, to_half, widen
-from tremula.numerics.jit import add_round_half
+from tremula.numerics.jit import add_round_half, sum_half_parts
 from tremula.target import cost_terms
 
 
@@ -101,8 +101,9 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
         own32 = widen(own3)
         recv32 = widen(recv).reshape(n, n_parts - 1, m, recv.shape[-1])
         rows = np.arange(n)
-        s = a = b = None
-        for q in range(n_parts):
+        s = sum_half_parts(own32, recv32, mine)  # (one compiled pass when numba is there; else the loop below)
+        a = b = None
+        for q in range(n_parts if s is None else 0):
             part = recv32[rows, np.clip(q - (q > mine), 0, n_parts - 2)] if n_parts > 1 else own32.copy()
             ours = mine == q
             if ours.any():

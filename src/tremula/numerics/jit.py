@@ -79,6 +79,40 @@ if numba is not None:
                 acc[r, i] = _round_half(acc[r, i] + p[r, i] * s)
 
 
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True)
+    def _sum_parts_rows(own, recv, mine, s):
+        # s[v] = the parts of vertex v in part order, own[v] at index mine[v] and recv[v] around it, each add rounded
+        # to half: part 0 as it is, then s = round(s + part q) (add_round_half's formula, a multiply by 1 is exact)
+        n_parts = recv.shape[1] + 1
+        for v in range(own.shape[0]):
+            me = mine[v]
+            first = own[v] if me == 0 else recv[v, 0]
+            for e in range(own.shape[1]):
+                s[v, e] = first[e]
+            for q in range(1, n_parts):
+                part = own[v] if q == me else recv[v, q - 1 if q > me else q]
+                for e in range(own.shape[1]):
+                    s[v, e] = _round_half(s[v, e] + part[e] * np.float32(1.0))
+
+
+def sum_half_parts(own: np.ndarray, recv: np.ndarray, mine: np.ndarray) -> np.ndarray | None:
+    """Each vertex's split-K parts summed in part order with every add rounded to half (codelets/matmul.py
+    reduce_partials): own [n, ...] float32 (its own part, index mine[v] of the parts), recv [n, parts - 1, ...]
+    float32 (the others in part order); the sums [n, ...] float32, or None when the kernel cannot take them."""
+    if not ENABLED or own.dtype != np.float32 or recv.dtype != np.float32 or len(recv) != len(own):
+        return None
+    n = len(own)
+    o2 = np.ascontiguousarray(own).reshape(n, -1)
+    r3 = np.ascontiguousarray(recv).reshape(n, recv.shape[1], -1)
+    if r3.shape[2] != o2.shape[1]:
+        return None
+    s = np.empty_like(o2)
+    _sum_parts_rows(o2, r3, np.ascontiguousarray(mine, np.int64), s)
+    return s.reshape(own.shape)
+
+
 def _flat32(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and a.flags.c_contiguous
 

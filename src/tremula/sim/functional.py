@@ -353,7 +353,10 @@ class Machine:
                 rows, cols = int(r1[grp[0]] - r0[grp[0]]), int(c1[grp[0]] - c0[grp[0]])
                 if rows * cols == 0:
                     continue
-                if rows * cols * isz >= BIG_BLOCK:  # a slice copy each, straight into the tile's bytes
+                if moves.enabled():  # every block's rows straight from the constant to its tile
+                    moves.blocks(self.mem.reshape(-1), None if self.written is None else self.written.reshape(-1),
+                                 flat[grp], src, r0[grp], c0[grp], rows, cols)
+                elif rows * cols * isz >= BIG_BLOCK:  # a slice copy each, straight into the tile's bytes
                     for t, a, ra, ca in zip(tile[grp].tolist(), addr[grp].tolist(), r0[grp].tolist(),
                                             c0[grp].tolist()):
                         self.mem[t, a: a + rows * cols * isz].view(dtype).reshape(rows, cols)[...] = \

@@ -1,5 +1,6 @@
 """Compiled byte moves for the functional simulator (numba, optional): rows of bytes copied between flat offsets of
-tile memory, and the one-bit-per-byte written map marked and checked, in one pass per call.
+tile memory (and weight blocks from a constant to their tiles), and the one-bit-per-byte written map marked and
+checked, in one pass per call.
 
 The simulator holds every tile's SRAM as bytes, so it copies every byte a Program moves: an exchange's rows to each of
 their destinations, a vertex's operands into a stack and its outputs back. NumPy does each with fancy indexing: a
@@ -173,6 +174,21 @@ if numba is not None:
         return True
 
 
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True)
+    def _blocks(mem, wmap, starts, src, row_stride, r0, c0, rows, row_bytes):
+        # block i: rows r0[i].. of the source (row_stride bytes apart), row_bytes from byte c0[i] of each, written
+        # back to back from flat offset starts[i] (and marked in the written map)
+        mark = len(wmap) > 0
+        w64 = wmap.view(np.uint64)
+        for i in range(len(starts)):
+            for r in range(rows):
+                _move(mem, starts[i] + r * row_bytes, src, (r0[i] + r) * row_stride + c0[i], row_bytes)
+            if mark:
+                _mark(wmap, w64, starts[i], rows * row_bytes)
+
+
 def _i64(a) -> np.ndarray:
     return np.ascontiguousarray(a, np.int64)
 
@@ -189,6 +205,17 @@ def scatter(mem: np.ndarray, wmap: np.ndarray | None, starts: np.ndarray, data: 
     no written map)."""
     data = np.ascontiguousarray(data)
     _scatter(mem, _NO_MAP if wmap is None else wmap, _i64(starts), data.shape[1], data.reshape(-1).view(np.uint8))
+
+
+def blocks(mem: np.ndarray, wmap: np.ndarray | None, starts: np.ndarray, src: np.ndarray, r0: np.ndarray,
+           c0: np.ndarray, rows: int, cols: int) -> None:
+    """Blocks [rows, cols] of the 2-D C-contiguous array src at its rows r0 and columns c0, each written row after row
+    at flat byte offset `starts` of mem (flat uint8), and marked in wmap (None: no written map): a weight's blocks
+    straight from the constant to their tiles, with no stack between. The caller keeps the blocks inside src."""
+    isz = src.itemsize
+    flat = src.reshape(-1).view(np.uint8)
+    _blocks(mem, _NO_MAP if wmap is None else wmap, _i64(starts), flat, src.shape[1] * isz, _i64(r0),
+            _i64(c0) * isz, rows, cols * isz)
 
 
 def mark(wmap: np.ndarray, starts: np.ndarray, nbytes: int) -> None:

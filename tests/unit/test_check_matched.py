@@ -1,0 +1,50 @@
+"""check_matched runs the reordered references only as far as the verdict needs them: they only raise the
+tolerance, so once every output passes the rest cannot change it; when none suffices, all of them ran."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import tremula.sim.reference as reference
+from tremula.check import MATCHED_MIN_REL_ERR, REORDER_MARGIN, check_matched
+
+REF = np.linspace(1.0, 2.0, 16, dtype=np.float32)
+
+
+def _run(monkeypatch, got_err: float, spreads: dict[str, float]):
+    """check_matched on one output `got_err` (relative) away from the reference, each reordering `spreads[r]` away;
+    returns (checks, the reorderings run in order)."""
+    ran = []
+
+    def fake(graph, split_sums, feeds, reorder=None):
+        if reorder is not None:
+            ran.append(reorder)
+        return {"y": REF + np.float32(spreads[reorder] * 2.0) if reorder else REF.copy()}
+
+    monkeypatch.setattr(reference, "matched_reference", fake)
+    res = SimpleNamespace(graph=SimpleNamespace(outputs=["y"]), split_sums={})
+    checks = check_matched(res, {}, {"y": REF + np.float32(got_err * 2.0)})  # (max |ref| is 2)
+    return checks, ran
+
+
+def test_no_reordering_below_the_resolution_floor(monkeypatch):
+    checks, ran = _run(monkeypatch, MATCHED_MIN_REL_ERR / 2, {"reversed": 1.0, "float64": 1.0})
+    assert checks[0].passed and ran == []
+
+
+def test_the_second_reordering_is_skipped_once_the_first_suffices(monkeypatch):
+    err = 1e-2
+    checks, ran = _run(monkeypatch, err, {"reversed": err, "float64": 0.0})
+    assert checks[0].passed and ran == ["reversed"]
+    assert checks[0].threshold == pytest.approx(REORDER_MARGIN * err, rel=1e-3)
+
+
+def test_every_reordering_runs_when_the_first_is_not_enough(monkeypatch):
+    err = 1e-2
+    checks, ran = _run(monkeypatch, err, {"reversed": 0.0, "float64": err})  # the second one's spread passes it
+    assert checks[0].passed and ran == ["reversed", "float64"]
+    checks, ran = _run(monkeypatch, err, {"reversed": 0.0, "float64": 0.0})  # none does: it fails, all ran
+    assert not checks[0].passed and ran == ["reversed", "float64"]

@@ -2,14 +2,15 @@
 
 The Graph is the one the Program was compiled from (in the program's precision: float16 tensors for fp16, the FP8
 casts and quarter matmuls for fp8), exported with tremula.export and run by onnxruntime on one thread. The simulator
-time is one `simulate` call in check mode (weights loaded into tile memory, inputs streamed, every step, outputs read
-back), as `check` runs it; onnxruntime's is the best of three runs after a warm-up. Neither side counts compiling,
-building the session, loading the simulator's compiled kernels (numba's cache, about 2 s once a process: a tiny
-model is simulated in each dtype first) or generating the zoo model's seeded weights (made once before timing). Times are CPU seconds
-of this process (both sides run on one thread), so other work on a shared machine does not skew the ratio; wall
-seconds of the simulator are printed beside them. "exch MB" and "vx MB" are the bytes the Program's exchanges write
-and its vertices read and write in one forward: the simulator copies each of them at least once, so GB/s (their sum
-over simulator seconds) says how close it runs to that floor, and a plan that moves less simulates faster.
+time is one `simulate` call in check mode (weights loaded into tile memory, inputs streamed, every step, outputs
+read back), as `check` runs it; onnxruntime's is the best of three runs after a warm-up. Neither side counts
+compiling, building the session, loading the simulator's compiled kernels (numba's cache, about 2 s once a process:
+a tiny model is simulated in each dtype first) or generating the zoo model's seeded weights (made once before
+timing). Times are CPU seconds of this process (both sides run on one thread), so other work on a shared machine
+does not skew the ratio; wall seconds of the simulator are printed beside them. "exch MB" and "vx MB" are the bytes
+the Program's exchanges write and its vertices read and write in one forward: the simulator copies each of them at
+least once, so GB/s (their sum over simulator seconds) says how close it runs to that floor, and a plan that moves
+less simulates faster.
 
 Usage: python benchmarks/sim_speed.py [--models vit-base-patch16-224,bert-base-uncased] [--batches 1,8]
                                       [--dtypes fp32,fp16,fp8] [--chip c600]

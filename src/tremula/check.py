@@ -34,7 +34,7 @@ class CheckResult:
     compile: CompileResult
     outputs: list[OutputCheck]
     layers: list = field(default_factory=list)  # fp8: passes.precision.LayerLoss per FP8 Linear, worst first
-    sim_seconds: float = 0.0  # wall time of the functional simulation
+    sim_seconds: float = 0.0  # wall time of the functional simulation (the references run beside it on two cores)
     # fp16 / fp8: each output against the precision-matched reference (sim/reference.py), with a tight tolerance:
     # did the simulator run the right Program? `outputs` (against float32) says how accurate that Program is.
     matched: list[OutputCheck] = field(default_factory=list)

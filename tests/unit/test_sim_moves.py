@@ -98,7 +98,8 @@ def test_exchange_reports_an_unwritten_source_byte():
     assert got == 100 + 16 + 3
 
 
-@pytest.mark.parametrize("dtype,rows,cols", [(np.uint8, 3, 5), (np.float16, 2, 7), (np.float32, 4, 3), (np.float32, 1, 1)])
+@pytest.mark.parametrize("dtype,rows,cols",
+                         [(np.uint8, 3, 5), (np.float16, 2, 7), (np.float32, 4, 3), (np.float32, 1, 1)])
 def test_blocks_of_a_constant_are_its_slices_written_row_after_row(dtype, rows, cols):
     rng = np.random.default_rng(rows * 10 + cols)
     src = rng.integers(0, 100, (9, 11)).astype(dtype)

@@ -102,3 +102,10 @@ def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype):
     values = {s.origin.value for s in res.compile.program.steps
               if s.origin is not None and s.origin.op.startswith("Linear")}
     assert fused <= values
+    # one round each: the parts run on the first part's tiles and read the x it gathered
+    assert all("on one gathered operand" in res.compile.strategies[a] for a in apart)
+    monkeypatch.setattr(lower_ops, "WEIGHT_BLOCK_FRACTION", 0.0)  # (the parts' weights never fit together: no sharing)
+    own = check_model("bert-tiny", "c600", 2, dtype)
+    assert own.passed and not any("on one gathered operand" in v for v in own.compile.strategies.values())
+    assert own.compile.steps == res.compile.steps  # the same steps, two gathers a layer fewer in their exchanges
+    assert res.compile.exchange_cycles < own.compile.exchange_cycles

@@ -30,8 +30,10 @@ from tremula.plan.strategies import (
     WEIGHT_FRACTION,
     SourceShape,
     cdiv,
+    WEIGHT_BLOCK_FRACTION,
     choose_linear,
     choose_linear_pair,
+    operand_gather_cycles,
 )
 from tremula.sorting import positions_in_runs
 from tremula.target import cost_terms
@@ -96,6 +98,9 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.types = graph.types
         self._ex_written: set[int] = set()
         self.paired: dict = {}  # matmul node name -> the strategy chosen for it together with its producer
+        # While a fused projection's parts are lowered apart over one gathered operand: their tiles and x buffer
+        # (set by the first part), else None
+        self._shared_x: dict | None = None
         self.head_in, self.head_out, self.head_skip = head_views(graph)
         # [B*S, H*d] values attention reads or writes per head: H column parts for the matmul that makes or reads them
         self.head_parts = {hv.value: hv.heads for hv in (*self.head_in.values(), *self.head_out.values())}
@@ -624,7 +629,14 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         # tile of (i, j, l) at index (i * pn + j) * pk + l
-        tl = self._stream_tiles(pm, pn * pk) if st.stream else self.take_tiles(pm * pn * pk)
+        share = self._shared_x
+        key = (st.pm, st.pn, st.pk, st.serial, st.stream)
+        if share is not None and (st.serial != 1 or share.setdefault("key", key) != key):
+            share = None  # (the parts chose otherwise than the whole's estimate: each gathers its own x)
+        if share is not None and share["tl"] is not None:  # a later part of a projection apart: the first's tiles
+            tl = share["tl"]
+        else:
+            tl = self._stream_tiles(pm, pn * pk) if st.stream else self.take_tiles(pm * pn * pk)
         gi = np.repeat(np.arange(pm), pn * pk)
         gj = np.tile(np.repeat(np.arange(pn), pk), pm)
         gl = np.tile(np.arange(pk), pm * pn)
@@ -642,12 +654,16 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         isz = np.dtype(xt.dtype).itemsize
         mi = mcuts[gi + 1] - mcuts[gi]
         chunk = cdiv(int(mi.max()), st.serial)
-        xbuf = self.new_buffer(f"{x}@{out}", "buffers", tl, chunk * kl * isz)
+        gather = share is None or share["xbuf"] is None  # (a later part reads the first part's gathered x)
+        xbuf = self.new_buffer(f"{x}@{out}", "buffers", tl, chunk * kl * isz) if gather else share["xbuf"]
+        if share is not None:
+            share["tl"], share["xbuf"] = tl, xbuf
         if pk == 1:
-            self._linear_direct(node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias, meta)
+            self._linear_direct(node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias, meta,
+                                gather)
         else:
             self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
-                                 bias, meta)
+                                 bias, meta, gather)
         self.strategies[node.name or out] = str(st) + (" half partials" if _partials(node) == "half" else "")
         if pk > 1:
             self.split_sums[node.outputs[0]] = ("k", tuple(int(c) for c in kcuts))
@@ -671,15 +687,26 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             return False
         n = widths.pop()
         headed = all(o in self.head_parts for o in parts)
-        one = choose_linear(self.chip, m, k, n, self.types[node.inputs[0]].dtype, self.pm_max, self.temp_fraction,
-                            shape, self.perm_fraction, pn_fix=self.head_parts.get(parts[0], 0), pk_fix=pk_fix,
-                            partials=_partials(node))
-        if headed and (one.over, len(parts) * one.cycles) >= (st.over, st.cycles):
+        dtype = self.types[node.inputs[0]].dtype
+        one = choose_linear(self.chip, m, k, n, dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction,
+                            pn_fix=self.head_parts.get(parts[0], 0), pk_fix=pk_fix, partials=_partials(node))
+        # In one round the parts can share one gathered x: the first part gathers it on its tiles, the others run on
+        # the same tiles and read it (each part's weights then sit on those tiles too, so only when they fit the
+        # weight-block budget together). BERT-base fp16 batch 16 gathered its layer input three times a layer.
+        wblock = k * n * np.dtype(self.types[node.inputs[1]].dtype).itemsize // (one.pn * one.pk)
+        shared = one.serial == 1 and len(parts) * wblock <= WEIGHT_BLOCK_FRACTION * self.chip.sram_bytes_per_tile
+        apart = len(parts) * one.cycles - (len(parts) - 1) * operand_gather_cycles(self.chip, m, k, dtype, one) \
+            if shared else len(parts) * one.cycles
+        if headed and (one.over, apart) >= (st.over, st.cycles):
             return False
         name = node.name or out
         first = len(self.steps)
-        for j, value in enumerate(parts):
-            self._lower_linear(Node(node.op, list(node.inputs), [value], dict(node.attrs), f"{name}.{j}"), j * n)
+        self._shared_x = {"tl": None, "xbuf": None} if shared else None
+        try:
+            for j, value in enumerate(parts):
+                self._lower_linear(Node(node.op, list(node.inputs), [value], dict(node.attrs), f"{name}.{j}"), j * n)
+        finally:
+            self._shared_x = None
         for step in self.steps[first:]:  # attributed to the fused node's output, as its steps when made whole
             if step.origin is not None and step.origin.value in parts:
                 step.origin = dataclasses.replace(step.origin, value=out)
@@ -688,8 +715,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         cut = cuts.pop()
         if cut is not None:
             self.split_sums[out] = cut
-        self.strategies[name] = (f"{len(parts)} projections apart (~{len(parts) * one.cycles} cycles against "
-                                 f"~{st.cycles} as one)")
+        self.strategies[name] = (f"{len(parts)} projections apart{' on one gathered operand' if shared else ''} "
+                                 f"(~{apart} cycles against ~{st.cycles} as one)")
         return True
 
     def _weight_operand(self, name: str, const: str, dtype: str, tl, home, src_i, r0, r1, c0, c1):
@@ -764,7 +791,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         return "matmul_fp8", params, [(meta[0][live], meta[1][live], 1, 1)]
 
     def _linear_direct(self, node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias,
-                       meta=None) -> None:
+                       meta=None, gather: bool = True) -> None:
         x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
         xt, wt, ot = self.types[x], self.types[w], self.types[out]
         isz, osz = np.dtype(xt.dtype).itemsize, np.dtype(ot.dtype).itemsize
@@ -776,7 +803,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
             r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
             live = r1 > r0
-            self.exchange(gather_rects(src, r0[live], r1[live], 0, k, tl[live], xbuf, 0, k * isz))
+            if gather:
+                self.exchange(gather_rects(src, r0[live], r1[live], 0, k, tl[live], xbuf, 0, k * isz))
             rows = (r1 - r0)[live]
             codelet, params, extra = self._matmul_codelet(node, meta, live, int(bias is not None))
             ops = [(xbuf, 0, rows, k), (wbuf[live], wrel[live], k, nj[live])] + extra
@@ -788,8 +816,9 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.set_output(out, lay)
 
     def _linear_split_k(self, node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
-                        bias, meta=None) -> None:
-        """K split over pk tiles: each computes a float32 partial; the owner of each row slice sums them (+ bias)."""
+                        bias, meta=None, gather: bool = True) -> None:
+        """K split over pk tiles: each computes a float32 partial; the owner of each row slice sums them (+ bias).
+        gather False: x is in xbuf already (one round; a fused projection's earlier part gathered it)."""
         x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
         xt, wt, ot = self.types[x], self.types[w], self.types[out]
         isz = np.dtype(xt.dtype).itemsize
@@ -831,8 +860,9 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             live = r1 > r0
             if not live.any():
                 continue
-            self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live], xbuf,
-                                       0, kl[live] * isz))
+            if gather:
+                self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live],
+                                           xbuf, 0, kl[live] * isz))
             rows = (r1 - r0)[live]
             codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
             if meta is None:  # (the FP8 AMP writes its half partials itself)

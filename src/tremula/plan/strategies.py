@@ -109,6 +109,21 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
     return int(serial * (vs + instr * code))
 
 
+def _gather_round_cycles(chip, m: int, k: int, isz: int, pm: int, pk: int, serial: int) -> int:
+    """Cycles of one round's operand gather: each tile receives its rows' K slice of x (sent by the tiles that hold
+    x, about evenly), and the sync that opens the exchange."""
+    rows = cdiv(cdiv(m, pm), serial)
+    recv = rows * cdiv(k, pk) * isz
+    sent = cdiv(m * k * isz, min(chip.tiles, m * pk)) // serial
+    return cost_terms.exchange_cycles(chip, sent, recv) + cost_terms.sync_cycles(chip)
+
+
+def operand_gather_cycles(chip, m: int, k: int, dtype: str, st: LinearStrategy) -> int:
+    """The part of st.cycles that gathers x: what a projection lowered apart saves on each part after the first
+    when the parts share one gathered operand (plan/lower_ops.py _fused_apart)."""
+    return st.serial * _gather_round_cycles(chip, m, k, np.dtype(dtype).itemsize, st.pm, st.pk, st.serial)
+
+
 @lru_cache(maxsize=4096)
 def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                   temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
@@ -155,9 +170,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                 for serial in sorted({s0, min(mi, 2 * s0), min(mi, 4 * s0)}):
                     rows = cdiv(mi, serial)
                     comp = cost_terms.matmul_cycles(chip, rows, kl, nj, dtype, partials)
-                    recv = rows * kl * isz
-                    sent = cdiv(m * k * isz, min(tiles, m * pk)) // serial
-                    ex = cost_terms.exchange_cycles(chip, sent, recv) + sync
+                    ex = _gather_round_cycles(chip, m, k, isz, pm, pk, serial)
                     mem = wbytes + rows * kl * isz + mi * nj * osz // pk
                     if pk > 1:
                         sub = cdiv(rows, pk)

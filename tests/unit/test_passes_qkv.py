@@ -76,10 +76,12 @@ def test_canonical_bert_fuses_q_k_v_and_the_planner_splits_in_place():
             assert set(part.tiles.reshape(-1)) <= set(fused.tiles.reshape(-1))
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "fp8"])
-def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype,serial", [("fp16", 1), ("fp8", 1), ("fp16", 2)])
+def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype, serial):
     """When its parts cost less apart (made so here by pricing the whole one high), the fused projection is lowered
-    as one Linear per part straight into the Split's outputs, and the Program still computes the model."""
+    as one Linear per part straight into the Split's outputs, and the Program still computes the model. The parts
+    share one gathered operand; in two rounds (forced here) they run round by round, each round's rows gathered
+    once."""
     from dataclasses import replace
 
     import tremula.plan.lower_ops as lower_ops
@@ -89,6 +91,8 @@ def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype):
 
     def whole_is_dear(chip, m, k, n, *args, **kwargs):
         st = real(chip, m, k, n, *args, **kwargs)
+        if n == 32 and serial > 1:  # the parts: K split in two, two row groups of 8 rows, in `serial` rounds
+            st = replace(st, pm=2, pk=2, serial=serial, stream=False)
         return replace(st, cycles=10**9) if n == 96 else st  # bert-tiny's fused Q, K and V: 3 x 32 columns
 
     monkeypatch.setattr(lower_ops, "choose_linear", whole_is_dear)
@@ -102,8 +106,13 @@ def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype):
     values = {s.origin.value for s in res.compile.program.steps
               if s.origin is not None and s.origin.op.startswith("Linear")}
     assert fused <= values
-    # one round each: the parts run on the first part's tiles and read the x it gathered
+    # the parts run on the first part's tiles and read the x it gathered, round by round
     assert all("on one gathered operand" in res.compile.strategies[a] for a in apart)
+    assert all(f"serial={serial}" in res.compile.strategies[a + ".1"] for a in apart)
+    if serial > 1:  # round 1 of every part before round 2 of any
+        labels = [s.label for s in res.compile.program.steps if "layer.0.attention.self" in s.label]
+        rounds = [lb[-4:-1] for lb in labels]
+        assert rounds == ["1/2"] * 6 + ["2/2"] * 6, labels  # partials and reduce of Q, K and V, then again
     monkeypatch.setattr(lower_ops, "WEIGHT_BLOCK_FRACTION", 0.0)  # (the parts' weights never fit together: no sharing)
     own = check_model("bert-tiny", "c600", 2, dtype)
     assert own.passed and not any("on one gathered operand" in v for v in own.compile.strategies.values())

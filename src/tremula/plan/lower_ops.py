@@ -588,15 +588,12 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         """col0: the node is one part of a fused projection (_fused_apart), its output that part's value, its weight
         and bias columns from col0 on."""
         x, w = node.inputs[0], node.inputs[1]
-        fp8 = node.op == "LinearFp8"  # inputs (x codes, w codes, w scale, bias): the quarter->half AMP path
-        nb = 3 if fp8 else 2
-        b = node.inputs[nb] if len(node.inputs) > nb and node.inputs[nb] else None
         out = node.outputs[0]
         if w not in self.graph.constants or len(self.types[w].shape) != 2:
             if node.op == "MatMul":
                 return self._lower_batched_matmul(node)
             raise TremulaError(f"Linear {node.name}: the weight must be a 2-D constant")
-        xt, wt = self.types[x], self.types[w]
+        xt = self.types[x]
         m, k = view2d(xt.shape)
         n = self.types[out].shape[-1]
         src = self.layout_of(x)
@@ -626,13 +623,29 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                                self.perm_fraction, pn_fix=pn_fix, pk_fix=pk_fix, partials=_partials(node))
             if not col0 and self._fused_apart(node, st, m, k, shape, pk_fix):
                 return
+        share = self._shared_x
+        if share is not None and share.setdefault("key", st) != st:
+            share = None  # (the parts chose otherwise than the whole's estimate: each gathers its own x)
+        rounds = self._linear_rounds(node, col0, st, src, m, k, n, share)
+        if share is not None:  # the parts' rounds are interleaved by _fused_apart: round u of every part, then u + 1
+            share.setdefault("rounds", []).append(rounds)
+        else:
+            for _ in rounds:
+                pass
+
+    def _linear_rounds(self, node, col0: int, st, src, m: int, k: int, n: int, share: dict | None):
+        """The Linear as planned (st): its tiles, weights, and round after round the operand gather and the products
+        (a generator yielding after each round; its tiles and weights are placed when it is first resumed). `share`:
+        a fused projection's parts lowered apart on one gathered operand (the first part's tiles, x buffer,
+        partials and receive buffers; the later parts gather nothing)."""
+        x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+        fp8 = node.op == "LinearFp8"  # inputs (x codes, w codes, w scale, bias): the quarter->half AMP path
+        nb = 3 if fp8 else 2
+        b = node.inputs[nb] if len(node.inputs) > nb and node.inputs[nb] else None
+        xt, wt = self.types[x], self.types[w]
         mcuts, ncuts, kcuts = even_cuts(m, st.pm), even_cuts(n, st.pn), even_cuts(k, st.pk)
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         # tile of (i, j, l) at index (i * pn + j) * pk + l
-        share = self._shared_x
-        key = (st.pm, st.pn, st.pk, st.serial, st.stream)
-        if share is not None and (st.serial != 1 or share.setdefault("key", key) != key):
-            share = None  # (the parts chose otherwise than the whole's estimate: each gathers its own x)
         if share is not None and share["tl"] is not None:  # a later part of a projection apart: the first's tiles
             tl = share["tl"]
         else:
@@ -659,11 +672,11 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         if share is not None:
             share["tl"], share["xbuf"] = tl, xbuf
         if pk == 1:
-            self._linear_direct(node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias, meta,
-                                gather)
+            yield from self._linear_direct(node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias,
+                                           meta, gather)
         else:
-            self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
-                                 bias, meta, gather)
+            yield from self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf,
+                                            wbuf, wrel, bias, meta, gather, share)
         self.strategies[node.name or out] = str(st) + (" half partials" if _partials(node) == "half" else "")
         if pk > 1:
             self.split_sums[node.outputs[0]] = ("k", tuple(int(c) for c in kcuts))
@@ -690,23 +703,31 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         dtype = self.types[node.inputs[0]].dtype
         one = choose_linear(self.chip, m, k, n, dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction,
                             pn_fix=self.head_parts.get(parts[0], 0), pk_fix=pk_fix, partials=_partials(node))
-        # In one round the parts can share one gathered x: the first part gathers it on its tiles, the others run on
-        # the same tiles and read it (each part's weights then sit on those tiles too, so only when they fit the
-        # weight-block budget together). BERT-base fp16 batch 16 gathered its layer input three times a layer.
-        wblock = k * n * np.dtype(self.types[node.inputs[1]].dtype).itemsize // (one.pn * one.pk)
-        shared = one.serial == 1 and len(parts) * wblock <= WEIGHT_BLOCK_FRACTION * self.chip.sram_bytes_per_tile
+        # The parts can share one gathered x: the first part gathers each round's rows on its tiles, the others run
+        # on the same tiles and read them (BERT-base fp16 batch 16 gathered its layer input three times a layer).
+        # Each part's weights then sit on those tiles too: only when their blocks together are no bigger than the
+        # weight-block budget or the whole projection's own block (the unevenness the budget bounds).
+        isz = np.dtype(self.types[node.inputs[1]].dtype).itemsize
+        together = len(parts) * (k * n * isz // (one.pn * one.pk))
+        shared = together <= max(WEIGHT_BLOCK_FRACTION * self.chip.sram_bytes_per_tile,
+                                 k * n * len(parts) * isz // (st.pn * st.pk))
         apart = len(parts) * one.cycles - (len(parts) - 1) * operand_gather_cycles(self.chip, m, k, dtype, one) \
             if shared else len(parts) * one.cycles
         if headed and (one.over, apart) >= (st.over, st.cycles):
             return False
         name = node.name or out
         first = len(self.steps)
-        self._shared_x = {"tl": None, "xbuf": None} if shared else None
+        share = self._shared_x = {"tl": None, "xbuf": None} if shared else None
         try:
             for j, value in enumerate(parts):
                 self._lower_linear(Node(node.op, list(node.inputs), [value], dict(node.attrs), f"{name}.{j}"), j * n)
         finally:
             self._shared_x = None
+        # Round by round: the first part gathers round u's rows of x, every part computes on them, then round u + 1
+        # (each round's rows overwrite the last's). Parts that chose otherwise ran through on their own already.
+        pending = share.get("rounds", []) if share is not None else []
+        while pending:
+            pending = [r for r in pending if next(r, StopIteration) is not StopIteration]
         for step in self.steps[first:]:  # attributed to the fused node's output, as its steps when made whole
             if step.origin is not None and step.origin.value in parts:
                 step.origin = dataclasses.replace(step.origin, value=out)
@@ -813,15 +834,18 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             ops.append((lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * osz, rows, nj[live]))
             self.compute([self.group(codelet, dtypes, tl[live], params, ops)], out,
                          part=f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
+            yield
         self.set_output(out, lay)
 
     def _linear_split_k(self, node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
-                        bias, meta=None, gather: bool = True) -> None:
+                        bias, meta=None, gather: bool = True, share: dict | None = None):
         """K split over pk tiles: each computes a float32 partial; the owner of each row slice sums them (+ bias).
-        gather False: x is in xbuf already (one round; a fused projection's earlier part gathered it)."""
-        x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
-        xt, wt, ot = self.types[x], self.types[w], self.types[out]
-        isz = np.dtype(xt.dtype).itemsize
+        A generator: it yields after each round (the caller runs it through, or interleaves a fused projection's
+        parts round by round). gather False: a fused projection's first part gathers x into xbuf in every round;
+        with `share`, the parts also use one partials and one receive buffer (they are used one part after the
+        other)."""
+        out = node.outputs[0]
+        ot = self.types[out]
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         nt = len(tl)
         # Output row blocks: for each i, round u and owner l, a slice of the round's rows (empty slices dropped).
@@ -850,65 +874,82 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         half = _partials(node) == "half"
         pdt = "float16" if meta is not None or half else "float32"
         psz = np.dtype(pdt).itemsize
-        pbuf = self.new_buffer(f"{out}@partial", "buffers", tl, chunk * nj * psz)
         slot = sub_max * nj_max * psz
-        rbuf = self.new_buffer(f"{out}@recv", "buffers", tl, (pk - 1) * slot)
+        if share is not None and "pbuf" in share:
+            pbuf, rbuf = share["pbuf"], share["rbuf"]
+        else:
+            pbuf = self.new_buffer(f"{out}@partial", "buffers", tl, chunk * nj * psz)
+            rbuf = self.new_buffer(f"{out}@recv", "buffers", tl, (pk - 1) * slot)
+            if share is not None:
+                share["pbuf"], share["rbuf"] = pbuf, rbuf
         idx = np.arange(nt)
         for u in range(st.serial):
-            r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
-            r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
-            live = r1 > r0
-            if not live.any():
-                continue
-            if gather:
-                self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live],
-                                           xbuf, 0, kl[live] * isz))
-            rows = (r1 - r0)[live]
-            codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
-            if meta is None:  # (the FP8 AMP writes its half partials itself)
-                codelet, params = "matmul_partial", ([int(node.attrs["group"])] if half else [])
-            ops = [(xbuf, 0, rows, kl[live]), (wbuf[live], wrel[live], kl[live], nj[live]), *extra,
-                   (pbuf, 0, rows, nj[live])]
-            dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,)
-            self.compute([self.group(codelet, dts, tl[live], params, ops)], out, "partials",
-                         f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
-            # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
-            rows_all = r1 - r0
-            snd = np.repeat(idx, pk)
-            own = np.tile(np.arange(pk), nt)
-            lp = gl[snd]
-            s0, s1 = _cut(rows_all[snd], pk, own), _cut(rows_all[snd], pk, own + 1)
-            keep = (own != lp) & live[snd] & (s1 > s0)
-            snd, own, lp, s0, s1 = snd[keep], own[keep], lp[keep], s0[keep], s1[keep]
-            if len(snd):
-                recv = snd - lp + own  # the same (i, j), owner l
-                slot_i = np.where(lp < own, lp, lp - 1)
-                nb_ = (s1 - s0) * nj[snd] * psz
-                # Slots packed at the slice's own size: the received partials are one [(pk - 1) * sub, nj] matrix,
-                # one operand of the reduce vertex (a vertex field per partial made its state grow with pk).
-                self.exchange(make_transfers(tl[snd], pbuf, s0 * nj[snd] * psz, 1, nb_, nb_, tl[recv], rbuf,
-                                             slot_i * nb_, nb_))
-            # Owners sum their own slice of the partial with the received ones.
-            c0, c1 = _cut(rows_all, pk, gl), _cut(rows_all, pk, gl + 1)
-            o_idx = idx[live & (c1 > c0)]
-            if not len(o_idx):
-                continue
-            s0, sub = c0[o_idx], (c1 - c0)[o_idx]
-            rb = block_of[gi[o_idx], u, gl[o_idx]]
-            orel = lay.rel[rb, gj[o_idx]]
-            njo = nj[o_idx]
-            ops = [(pbuf, s0 * njo * psz, sub, njo), (rbuf, 0, (pk - 1) * sub, njo)]
-            if bias:
-                ops.append((bias[0][o_idx], bias[1][o_idx], 1, njo))
-            ops.append((lay.buf, orel, sub, njo))
-            dtypes = (pdt, pdt) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
-            params = np.zeros((len(o_idx), 4 if half else 2), I64)  # (pk, bias[, half, own part index])
-            params[:, 0], params[:, 1] = pk, int(bias is not None)
-            if half:
-                params[:, 2], params[:, 3] = 1, gl[o_idx]
-            self.compute([self.group("reduce_partials", dtypes, tl[o_idx], params, ops)], out,
-                         "reduce", f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
+            self._split_k_round(node, st, src, tl, gi, gj, gl, mcuts, nj, kcuts, kl, chunk, xbuf, wbuf, wrel, bias,
+                                meta, gather, u, pbuf, rbuf, psz, pdt, half, lay, block_of, idx)
+            yield
         self.set_output(out, lay)
+
+    def _split_k_round(self, node, st, src, tl, gi, gj, gl, mcuts, nj, kcuts, kl, chunk, xbuf, wbuf, wrel, bias, meta,
+                       gather, u, pbuf, rbuf, psz, pdt, half, lay, block_of, idx) -> None:
+        """Round u of _linear_split_k: gather the round's rows of x (unless another part did), the partials, their
+        reduce-scatter and the owners' sums."""
+        x, out = node.inputs[0], node.outputs[0]
+        xt, wt, ot = self.types[x], self.types[node.inputs[1]], self.types[out]
+        isz = np.dtype(xt.dtype).itemsize
+        pk, nt = len(kcuts) - 1, len(tl)
+        r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
+        r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
+        live = r1 > r0
+        if not live.any():
+            return
+        if gather:
+            self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live],
+                                       xbuf, 0, kl[live] * isz))
+        rows = (r1 - r0)[live]
+        codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
+        if meta is None:  # (the FP8 AMP writes its half partials itself)
+            codelet, params = "matmul_partial", ([int(node.attrs["group"])] if half else [])
+        ops = [(xbuf, 0, rows, kl[live]), (wbuf[live], wrel[live], kl[live], nj[live]), *extra,
+               (pbuf, 0, rows, nj[live])]
+        dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,)
+        self.compute([self.group(codelet, dts, tl[live], params, ops)], out, "partials",
+                     f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
+        # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
+        rows_all = r1 - r0
+        snd = np.repeat(idx, pk)
+        own = np.tile(np.arange(pk), nt)
+        lp = gl[snd]
+        s0, s1 = _cut(rows_all[snd], pk, own), _cut(rows_all[snd], pk, own + 1)
+        keep = (own != lp) & live[snd] & (s1 > s0)
+        snd, own, lp, s0, s1 = snd[keep], own[keep], lp[keep], s0[keep], s1[keep]
+        if len(snd):
+            recv = snd - lp + own  # the same (i, j), owner l
+            slot_i = np.where(lp < own, lp, lp - 1)
+            nb_ = (s1 - s0) * nj[snd] * psz
+            # Slots packed at the slice's own size: the received partials are one [(pk - 1) * sub, nj] matrix,
+            # one operand of the reduce vertex (a vertex field per partial made its state grow with pk).
+            self.exchange(make_transfers(tl[snd], pbuf, s0 * nj[snd] * psz, 1, nb_, nb_, tl[recv], rbuf,
+                                         slot_i * nb_, nb_))
+        # Owners sum their own slice of the partial with the received ones.
+        c0, c1 = _cut(rows_all, pk, gl), _cut(rows_all, pk, gl + 1)
+        o_idx = idx[live & (c1 > c0)]
+        if not len(o_idx):
+            return
+        s0, sub = c0[o_idx], (c1 - c0)[o_idx]
+        rb = block_of[gi[o_idx], u, gl[o_idx]]
+        orel = lay.rel[rb, gj[o_idx]]
+        njo = nj[o_idx]
+        ops = [(pbuf, s0 * njo * psz, sub, njo), (rbuf, 0, (pk - 1) * sub, njo)]
+        if bias:
+            ops.append((bias[0][o_idx], bias[1][o_idx], 1, njo))
+        ops.append((lay.buf, orel, sub, njo))
+        dtypes = (pdt, pdt) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
+        params = np.zeros((len(o_idx), 4 if half else 2), I64)  # (pk, bias[, half, own part index])
+        params[:, 0], params[:, 1] = pk, int(bias is not None)
+        if half:
+            params[:, 2], params[:, 3] = 1, gl[o_idx]
+        self.compute([self.group("reduce_partials", dtypes, tl[o_idx], params, ops)], out,
+                     "reduce", f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
 
     _lower_matmul = _lower_linear
     _lower_linearfp8 = _lower_linear

@@ -14,9 +14,10 @@ from tremula.check import MATCHED_MIN_REL_ERR, REORDER_MARGIN, check_matched
 REF = np.linspace(1.0, 2.0, 16, dtype=np.float32)
 
 
-def _run(monkeypatch, got_err: float, spreads: dict[str, float]):
-    """check_matched on one output `got_err` (relative) away from the reference, each reordering `spreads[r]` away;
-    returns (checks, the reorderings run in order)."""
+def _run(monkeypatch, got_err: float, spreads: dict[str, float], ready: tuple[str, ...] = ()):
+    """check_matched on one output `got_err` (relative) away from the reference, each reordering `spreads[r]` away
+    (those in `ready` computed before, as check_model's speculative one); returns (checks, the reorderings run in
+    order)."""
     ran = []
 
     def fake(graph, split_sums, feeds, reorder=None):
@@ -26,7 +27,8 @@ def _run(monkeypatch, got_err: float, spreads: dict[str, float]):
 
     monkeypatch.setattr(reference, "matched_reference", fake)
     res = SimpleNamespace(graph=SimpleNamespace(outputs=["y"]), split_sums={})
-    checks = check_matched(res, {}, {"y": REF + np.float32(got_err * 2.0)})  # (max |ref| is 2)
+    done = {r: {"y": REF + np.float32(spreads[r] * 2.0)} for r in ready}
+    checks = check_matched(res, {}, {"y": REF + np.float32(got_err * 2.0)}, ready=done)  # (max |ref| is 2)
     return checks, ran
 
 
@@ -48,3 +50,12 @@ def test_every_reordering_runs_when_the_first_is_not_enough(monkeypatch):
     assert checks[0].passed and ran == ["reversed", "float64"]
     checks, ran = _run(monkeypatch, err, {"reversed": 0.0, "float64": 0.0})  # none does: it fails, all ran
     assert not checks[0].passed and ran == ["reversed", "float64"]
+
+
+def test_a_reordering_computed_before_is_used_only_where_it_would_have_run(monkeypatch):
+    err = 1e-2
+    checks, ran = _run(monkeypatch, err, {"reversed": err, "float64": 0.0}, ready=("reversed",))
+    assert checks[0].passed and ran == []  # used, not run again
+    assert checks[0].threshold == pytest.approx(REORDER_MARGIN * err, rel=1e-3)
+    checks, ran = _run(monkeypatch, MATCHED_MIN_REL_ERR / 2, {"reversed": 1.0, "float64": 1.0}, ready=("reversed",))
+    assert checks[0].passed and ran == [] and checks[0].threshold == MATCHED_MIN_REL_ERR  # not needed: not counted

@@ -194,7 +194,7 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
     # One BLAS thread each while the two run: OpenBLAS's own two threads per call on top of two callers slowed both
     # about 2x on two cores (SigLIP so400m fp8: 182 s for the check, 141 s with one BLAS thread each)
     with threadpool_limits(1) if two else contextlib.nullcontext():
-        references = _beside(_references, ref_graph, res, feeds)
+        references = _beside(_references, ref_graph, res, feeds) if two else lambda: _references(ref_graph, res, feeds)
         t0 = time.perf_counter()
         got = simulate(res.program, res.graph, feeds, check=check, progress=progress)  # host streams cast the inputs
         sim_seconds = time.perf_counter() - t0
@@ -236,11 +236,8 @@ def _references(ref_graph: Graph, res: CompileResult, feeds: dict[str, np.ndarra
 
 
 def _beside(fn, *args):
-    """fn(*args) started on a second thread when the machine has two cores or more (else run when asked for); returns
-    a function that waits for its result (raising its error). The thread is a daemon: a simulation that fails ends
-    the command without waiting for the references."""
-    if (os.cpu_count() or 1) < 2:
-        return lambda: fn(*args)
+    """fn(*args) started on a second thread; returns a function that waits for its result (raising its error). The
+    thread is a daemon: a simulation that fails ends the command without waiting for the references."""
     box: dict = {}
 
     def work():

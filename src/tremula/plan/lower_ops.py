@@ -27,10 +27,10 @@ from tremula.plan.strategies import (
     FREE_SHARE,
     ROW_BLOCK_FRACTION,
     TEMP_FRACTION,
+    WEIGHT_BLOCK_FRACTION,
     WEIGHT_FRACTION,
     SourceShape,
     cdiv,
-    WEIGHT_BLOCK_FRACTION,
     choose_linear,
     choose_linear_pair,
     operand_gather_cycles,
@@ -98,8 +98,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.types = graph.types
         self._ex_written: set[int] = set()
         self.paired: dict = {}  # matmul node name -> the strategy chosen for it together with its producer
-        # While a fused projection's parts are lowered apart over one gathered operand: their tiles and x buffer
-        # (set by the first part), else None
+        # While a fused projection's parts are lowered apart over one gathered operand: the strategy they share
+        # ("key"), the first part's tiles, x, partials and receive buffers, and each part's rounds; else None
         self._shared_x: dict | None = None
         self.head_in, self.head_out, self.head_skip = head_views(graph)
         # [B*S, H*d] values attention reads or writes per head: H column parts for the matmul that makes or reads them
@@ -844,8 +844,9 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         parts round by round). gather False: a fused projection's first part gathers x into xbuf in every round;
         with `share`, the parts also use one partials and one receive buffer (they are used one part after the
         other)."""
-        out = node.outputs[0]
-        ot = self.types[out]
+        x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+        xt, wt, ot = self.types[x], self.types[w], self.types[out]
+        isz = np.dtype(xt.dtype).itemsize
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
         nt = len(tl)
         # Output row blocks: for each i, round u and owner l, a slice of the round's rows (empty slices dropped).
@@ -884,72 +885,63 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 share["pbuf"], share["rbuf"] = pbuf, rbuf
         idx = np.arange(nt)
         for u in range(st.serial):
-            self._split_k_round(node, st, src, tl, gi, gj, gl, mcuts, nj, kcuts, kl, chunk, xbuf, wbuf, wrel, bias,
-                                meta, gather, u, pbuf, rbuf, psz, pdt, half, lay, block_of, idx)
+            r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
+            r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
+            live = r1 > r0
+            if not live.any():
+                yield
+                continue
+            if gather:
+                self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live],
+                                           xbuf, 0, kl[live] * isz))
+            rows = (r1 - r0)[live]
+            codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
+            if meta is None:  # (the FP8 AMP writes its half partials itself)
+                codelet, params = "matmul_partial", ([int(node.attrs["group"])] if half else [])
+            ops = [(xbuf, 0, rows, kl[live]), (wbuf[live], wrel[live], kl[live], nj[live]), *extra,
+                   (pbuf, 0, rows, nj[live])]
+            dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,)
+            self.compute([self.group(codelet, dts, tl[live], params, ops)], out, "partials",
+                         f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
+            # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
+            rows_all = r1 - r0
+            snd = np.repeat(idx, pk)
+            own = np.tile(np.arange(pk), nt)
+            lp = gl[snd]
+            s0, s1 = _cut(rows_all[snd], pk, own), _cut(rows_all[snd], pk, own + 1)
+            keep = (own != lp) & live[snd] & (s1 > s0)
+            snd, own, lp, s0, s1 = snd[keep], own[keep], lp[keep], s0[keep], s1[keep]
+            if len(snd):
+                recv = snd - lp + own  # the same (i, j), owner l
+                slot_i = np.where(lp < own, lp, lp - 1)
+                nb_ = (s1 - s0) * nj[snd] * psz
+                # Slots packed at the slice's own size: the received partials are one [(pk - 1) * sub, nj] matrix,
+                # one operand of the reduce vertex (a vertex field per partial made its state grow with pk).
+                self.exchange(make_transfers(tl[snd], pbuf, s0 * nj[snd] * psz, 1, nb_, nb_, tl[recv], rbuf,
+                                             slot_i * nb_, nb_))
+            # Owners sum their own slice of the partial with the received ones.
+            c0, c1 = _cut(rows_all, pk, gl), _cut(rows_all, pk, gl + 1)
+            o_idx = idx[live & (c1 > c0)]
+            if not len(o_idx):
+                yield
+                continue
+            s0, sub = c0[o_idx], (c1 - c0)[o_idx]
+            rb = block_of[gi[o_idx], u, gl[o_idx]]
+            orel = lay.rel[rb, gj[o_idx]]
+            njo = nj[o_idx]
+            ops = [(pbuf, s0 * njo * psz, sub, njo), (rbuf, 0, (pk - 1) * sub, njo)]
+            if bias:
+                ops.append((bias[0][o_idx], bias[1][o_idx], 1, njo))
+            ops.append((lay.buf, orel, sub, njo))
+            dtypes = (pdt, pdt) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
+            params = np.zeros((len(o_idx), 4 if half else 2), I64)  # (pk, bias[, half, own part index])
+            params[:, 0], params[:, 1] = pk, int(bias is not None)
+            if half:
+                params[:, 2], params[:, 3] = 1, gl[o_idx]
+            self.compute([self.group("reduce_partials", dtypes, tl[o_idx], params, ops)], out,
+                         "reduce", f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
             yield
         self.set_output(out, lay)
-
-    def _split_k_round(self, node, st, src, tl, gi, gj, gl, mcuts, nj, kcuts, kl, chunk, xbuf, wbuf, wrel, bias, meta,
-                       gather, u, pbuf, rbuf, psz, pdt, half, lay, block_of, idx) -> None:
-        """Round u of _linear_split_k: gather the round's rows of x (unless another part did), the partials, their
-        reduce-scatter and the owners' sums."""
-        x, out = node.inputs[0], node.outputs[0]
-        xt, wt, ot = self.types[x], self.types[node.inputs[1]], self.types[out]
-        isz = np.dtype(xt.dtype).itemsize
-        pk, nt = len(kcuts) - 1, len(tl)
-        r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
-        r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
-        live = r1 > r0
-        if not live.any():
-            return
-        if gather:
-            self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live],
-                                       xbuf, 0, kl[live] * isz))
-        rows = (r1 - r0)[live]
-        codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
-        if meta is None:  # (the FP8 AMP writes its half partials itself)
-            codelet, params = "matmul_partial", ([int(node.attrs["group"])] if half else [])
-        ops = [(xbuf, 0, rows, kl[live]), (wbuf[live], wrel[live], kl[live], nj[live]), *extra,
-               (pbuf, 0, rows, nj[live])]
-        dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,)
-        self.compute([self.group(codelet, dts, tl[live], params, ops)], out, "partials",
-                     f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
-        # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
-        rows_all = r1 - r0
-        snd = np.repeat(idx, pk)
-        own = np.tile(np.arange(pk), nt)
-        lp = gl[snd]
-        s0, s1 = _cut(rows_all[snd], pk, own), _cut(rows_all[snd], pk, own + 1)
-        keep = (own != lp) & live[snd] & (s1 > s0)
-        snd, own, lp, s0, s1 = snd[keep], own[keep], lp[keep], s0[keep], s1[keep]
-        if len(snd):
-            recv = snd - lp + own  # the same (i, j), owner l
-            slot_i = np.where(lp < own, lp, lp - 1)
-            nb_ = (s1 - s0) * nj[snd] * psz
-            # Slots packed at the slice's own size: the received partials are one [(pk - 1) * sub, nj] matrix,
-            # one operand of the reduce vertex (a vertex field per partial made its state grow with pk).
-            self.exchange(make_transfers(tl[snd], pbuf, s0 * nj[snd] * psz, 1, nb_, nb_, tl[recv], rbuf,
-                                         slot_i * nb_, nb_))
-        # Owners sum their own slice of the partial with the received ones.
-        c0, c1 = _cut(rows_all, pk, gl), _cut(rows_all, pk, gl + 1)
-        o_idx = idx[live & (c1 > c0)]
-        if not len(o_idx):
-            return
-        s0, sub = c0[o_idx], (c1 - c0)[o_idx]
-        rb = block_of[gi[o_idx], u, gl[o_idx]]
-        orel = lay.rel[rb, gj[o_idx]]
-        njo = nj[o_idx]
-        ops = [(pbuf, s0 * njo * psz, sub, njo), (rbuf, 0, (pk - 1) * sub, njo)]
-        if bias:
-            ops.append((bias[0][o_idx], bias[1][o_idx], 1, njo))
-        ops.append((lay.buf, orel, sub, njo))
-        dtypes = (pdt, pdt) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
-        params = np.zeros((len(o_idx), 4 if half else 2), I64)  # (pk, bias[, half, own part index])
-        params[:, 0], params[:, 1] = pk, int(bias is not None)
-        if half:
-            params[:, 2], params[:, 3] = 1, gl[o_idx]
-        self.compute([self.group("reduce_partials", dtypes, tl[o_idx], params, ops)], out,
-                     "reduce", f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
 
     _lower_matmul = _lower_linear
     _lower_linearfp8 = _lower_linear

@@ -113,7 +113,7 @@ def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype, seri
         labels = [s.label for s in res.compile.program.steps if "layer.0.attention.self" in s.label]
         rounds = [lb[-4:-1] for lb in labels]
         assert rounds == ["1/2"] * 6 + ["2/2"] * 6, labels  # partials and reduce of Q, K and V, then again
-    monkeypatch.setattr(lower_ops, "WEIGHT_BLOCK_FRACTION", 0.0)  # (the parts' weights never fit together: no sharing)
+    monkeypatch.setattr(lower_ops, "weight_block_budget", lambda chip, f: 0.0)  # (the parts' weights never fit together)
     own = check_model("bert-tiny", "c600", 2, dtype)
     assert own.passed and not any("on one gathered operand" in v for v in own.compile.strategies.values())
     assert own.compile.steps == res.compile.steps  # the same steps, two gathers a layer fewer in their exchanges

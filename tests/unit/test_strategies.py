@@ -3,7 +3,13 @@
 import pytest
 
 from tremula.plan.layout import even_cuts
-from tremula.plan.strategies import WEIGHT_BLOCK_FRACTION, choose_linear, choose_linear_pair
+from tremula.plan.strategies import (
+    TEMP_FRACTION,
+    WEIGHT_BLOCK_FRACTION,
+    choose_linear,
+    choose_linear_pair,
+    weight_block_budget,
+)
 from tremula.target.chip import load_chip
 
 
@@ -34,6 +40,18 @@ def test_weight_blocks_within_their_cap(c600):
     st = choose_linear(c600, 729, 4304, 1152, "uint8", 1)
     assert 4304 * 1152 // (st.pn * st.pk) <= WEIGHT_BLOCK_FRACTION * c600.sram_bytes_per_tile
     assert st.over == 0
+
+
+def test_weight_block_budget_grows_with_the_operand_budget(c600):
+    """The weight-block cap scales as the buffer budget does: WEIGHT_BLOCK_FRACTION of SRAM at the fixed operand
+    budget, more in a plan whose operand budget comes from free bytes, and the search uses the bigger blocks then."""
+    assert weight_block_budget(c600, TEMP_FRACTION) == WEIGHT_BLOCK_FRACTION * c600.sram_bytes_per_tile
+    assert weight_block_budget(c600, 2 * TEMP_FRACTION) == 2 * weight_block_budget(c600, TEMP_FRACTION)
+    tight = choose_linear(c600, 729, 4304, 1152, "uint8", 1)
+    roomy = choose_linear(c600, 729, 4304, 1152, "uint8", 1, 2 * TEMP_FRACTION)
+    block = 4304 * 1152
+    assert block // (roomy.pn * roomy.pk) <= weight_block_budget(c600, 2 * TEMP_FRACTION) and roomy.over == 0
+    assert roomy.cycles <= tight.cycles
 
 
 def test_merge_runs_joins_only_back_to_back_blocks():

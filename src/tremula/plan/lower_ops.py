@@ -27,13 +27,13 @@ from tremula.plan.strategies import (
     FREE_SHARE,
     ROW_BLOCK_FRACTION,
     TEMP_FRACTION,
-    WEIGHT_BLOCK_FRACTION,
     WEIGHT_FRACTION,
     SourceShape,
     cdiv,
     choose_linear,
     choose_linear_pair,
     operand_gather_cycles,
+    weight_block_budget,
 )
 from tremula.sorting import positions_in_runs
 from tremula.target import cost_terms
@@ -605,23 +605,33 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                             even)
         # K cut at the operand's own column blocks (attention heads, a LayerNorm kept in place): each tile's K slice
         # is then whole source blocks, contiguous on both sides, and its exchange code does not grow with the rows.
-        pk_fix = self.head_parts.get(self._through_elementwise(x), 0) or (even if 1 < even <= self.T else 0)
+        # A LayerNorm's column blocks are only a preference, priced against a free cut, the cheaper kept: the cut
+        # changes the code bytes, which the permanent budget counts (perm_fraction; the first, fastest plan has none),
+        # not a gather's cycles (BERT-base fp16 batch 16: the fused QKV made whole on 4 K parts and fc1 on 8, not
+        # apart and on the LayerNorm's 12: 5.13 M -> 4.90 M cycles). Head cuts stay: freed, the tiny models' goldens
+        # came out 0.2-0.5 % slower, their out-projection estimated faster on 128 tiles with whole rows than on 1024
+        # with 2 K parts, and running slower.
+        head_k = self.head_parts.get(self._through_elementwise(x), 0)
+        pk_fix = head_k or (even if 1 < even <= self.T else 0)
+        cuts = (pk_fix, 0) if pk_fix and not head_k else (pk_fix,)
         nxt = self._next_matmul(out)
         if node.name in self.paired:  # the second of a pair: its K parts are the first's column blocks
             st = self.paired.pop(node.name)
         elif nxt is not None:
             n2 = self.types[nxt.inputs[1]].shape[1]
-            st, self.paired[nxt.name] = choose_linear_pair(
-                self.chip, m, k, n, n2, xt.dtype, self.types[nxt.inputs[0]].dtype, self.pm_max, self.temp_fraction,
-                shape, self.perm_fraction, pk_fix, self._panel_parts(nxt.outputs[0]), _partials(node),
-                _partials(nxt))
+            st, self.paired[nxt.name] = min(
+                (choose_linear_pair(self.chip, m, k, n, n2, xt.dtype, self.types[nxt.inputs[0]].dtype, self.pm_max,
+                                    self.temp_fraction, shape, self.perm_fraction, c, self._panel_parts(nxt.outputs[0]),
+                                    _partials(node), _partials(nxt)) for c in cuts),
+                key=lambda p: (p[0].over + p[1].over, p[0].cycles + p[1].cycles))
         else:
             # Output columns cut at head boundaries when attention reads them per head (its head views), or in the
             # residual stream's panels.
             pn_fix = self.head_parts.get(out, 0) or self._panel_parts(out)
-            st = choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape,
-                               self.perm_fraction, pn_fix=pn_fix, pk_fix=pk_fix, partials=_partials(node))
-            if not col0 and self._fused_apart(node, st, m, k, shape, pk_fix):
+            st = min((choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape,
+                                    self.perm_fraction, pn_fix=pn_fix, pk_fix=c, partials=_partials(node))
+                      for c in cuts), key=lambda s: (s.over, s.cycles))
+            if not col0 and self._fused_apart(node, st, m, k, shape, cuts):
                 return
         share = self._shared_x
         if share is not None and share.setdefault("key", st) != st:
@@ -681,7 +691,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         if pk > 1:
             self.split_sums[node.outputs[0]] = ("k", tuple(int(c) for c in kcuts))
 
-    def _fused_apart(self, node, st, m: int, k: int, shape: SourceShape, pk_fix: int) -> bool:
+    def _fused_apart(self, node, st, m: int, k: int, shape: SourceShape, cuts: tuple[int, ...]) -> bool:
         """A fused projection (passes/fuse_qkv.py) whose parts, each planned alone, cost fewer cycles than the whole:
         lower each part as a Linear of its own over its weight columns, straight into its Split output (the Split
         then moves nothing). The whole wins when its one gather and wider blocks pay (ViT-B/16 fp16 batch 8); under a
@@ -701,15 +711,16 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         n = widths.pop()
         headed = all(o in self.head_parts for o in parts)
         dtype = self.types[node.inputs[0]].dtype
-        one = choose_linear(self.chip, m, k, n, dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction,
-                            pn_fix=self.head_parts.get(parts[0], 0), pk_fix=pk_fix, partials=_partials(node))
+        one = min((choose_linear(self.chip, m, k, n, dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction,
+                                 pn_fix=self.head_parts.get(parts[0], 0), pk_fix=c, partials=_partials(node))
+                   for c in cuts), key=lambda s: (s.over, s.cycles))
         # The parts can share one gathered x: the first part gathers each round's rows on its tiles, the others run
         # on the same tiles and read them (BERT-base fp16 batch 16 gathered its layer input three times a layer).
         # Each part's weights then sit on those tiles too: only when their blocks together are no bigger than the
         # weight-block budget or the whole projection's own block (the unevenness the budget bounds).
         isz = np.dtype(self.types[node.inputs[1]].dtype).itemsize
         together = len(parts) * (k * n * isz // (one.pn * one.pk))
-        shared = together <= max(WEIGHT_BLOCK_FRACTION * self.chip.sram_bytes_per_tile,
+        shared = together <= max(weight_block_budget(self.chip, self.temp_fraction),
                                  k * n * len(parts) * isz // (st.pn * st.pk))
         apart = len(parts) * one.cycles - (len(parts) - 1) * operand_gather_cycles(self.chip, m, k, dtype, one) \
             if shared else len(parts) * one.cycles

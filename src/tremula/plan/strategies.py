@@ -27,7 +27,8 @@ FREE_SHARE = 0.5
 ROW_BLOCK_FRACTION = 0.02
 # of a tile's SRAM that one matmul's weight block may take: weights are placed block by block on the least-loaded
 # tiles, so the block size bounds how unevenly they end up (SigLIP so400m's fc2 on 48 tiles, 103 KB blocks, left two
-# on one tile: 206 KB against a 291 KB mean of all weights)
+# on one tile: 206 KB against a 291 KB mean of all weights); at the fixed operand budget, scaled with it
+# (weight_block_budget)
 WEIGHT_BLOCK_FRACTION = 0.05
 # of a tile's SRAM that one attention head's K and V may take on a tile; beyond it the keys are split over tiles
 ATTENTION_KV_FRACTION = 0.08
@@ -35,6 +36,13 @@ ATTENTION_KV_FRACTION = 0.08
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def weight_block_budget(chip, temp_fraction: float) -> float:
+    """Bytes one matmul weight block may take on a tile: WEIGHT_BLOCK_FRACTION of its SRAM, scaled as the buffer
+    budget is, by the operand budget against the fixed one (a plan from free bytes, lower_ops.free_temp_fraction,
+    allows bigger blocks where the tiles have room for the unevenness they bring)."""
+    return WEIGHT_BLOCK_FRACTION * temp_fraction / TEMP_FRACTION * chip.sram_bytes_per_tile
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     half = partials == "half" and (dtype == "float16" or fp8)
     psz = 2 if fp8 or half else 4  # split-K partials: the FP8 AMP's are half, and half partials
     temp_budget = max(temp_fraction * sram, 1)
+    block_budget = weight_block_budget(chip, temp_fraction)
     sync = cost_terms.sync_cycles(chip)
     best: tuple | None = None
     for pn in [pn_fix] if pn_fix else _candidates(n, tiles):
@@ -184,7 +193,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                     over = max(0, mem - (WEIGHT_FRACTION + temp_fraction) * sram)
                     temps = mem - (0 if stream else wbytes)  # streamed weights are temporaries on pm - 1 groups
                     over += max(0, temps - BUFFER_FRACTION * temp_fraction / TEMP_FRACTION * sram)
-                    over += max(0, wbytes - WEIGHT_BLOCK_FRACTION * sram)
+                    over += max(0, wbytes - block_budget)
                     if src is not None and perm_fraction is not None:
                         # The permanent budget is shared by the matmuls that land on a tile: fewer when this one uses
                         # fewer tiles (weights rotate over all tiles), but at most half as many: a matmul on few tiles

@@ -98,3 +98,23 @@ def test_softmax_in_blocks_of_rows_is_the_whole_array_formula():
         got = att.softmax(x)
         assert got.dtype == whole.dtype and np.array_equal(got.view(np.uint8), whole.view(np.uint8))
         assert not got[1, 7].any()
+
+
+@pytest.mark.parametrize("dtype,group,masked", [(F32, 0, "mask"), (F16, 16, "mask"), (F32, 0, "causal"),
+                                                (F16, 16, None)])
+def test_a_big_stack_in_chunks_of_matrices_is_the_whole_stack(monkeypatch, dtype, group, masked):
+    """Above SCORES_CHUNK attention runs a few whole matrices at a time (down to one, through a 4-D stack's first
+    two axes): the same bits as the whole stack at once, mask broadcast per chunk."""
+    import tremula.numerics.attention as na
+
+    rng = np.random.default_rng(3)
+    shape = (3, 5, 17, 8)
+    q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    mask = (3 * rng.standard_normal((3, 1, 1, 17))).astype(dtype) if masked == "mask" else None
+    allowed = causal_allowed(17, 17) if masked == "causal" else None
+    whole = attention(q, k, v, 0.3, mask, allowed, group)
+    for chunk in (17 * 17 * 5 * 2, 17 * 17 * 2, 1):  # two entries of the first axis; two matrices; one matrix
+        monkeypatch.setattr(na, "SCORES_CHUNK", chunk)
+        part = attention(q, k, v, 0.3, mask, allowed, group)
+        assert part.dtype == whole.dtype and part.shape == whole.shape
+        assert np.array_equal(part.view(np.uint8), whole.view(np.uint8))

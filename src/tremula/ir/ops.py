@@ -246,7 +246,10 @@ def _linear_type(ins, a):
 def _linear_ref(xs, a):
     (y,) = _matmul_ref(xs[:2], a)
     if len(xs) > 2 and xs[2] is not None:
-        y = (y + xs[2]).astype(y.dtype, copy=False)
+        if xs[2].dtype == y.dtype:  # into the product (a new array): no second output-sized array
+            np.add(y, xs[2], out=y)
+        else:
+            y = (y + xs[2]).astype(y.dtype, copy=False)
     return [y]
 
 

@@ -108,13 +108,15 @@ def test_a_big_stack_in_chunks_of_matrices_is_the_whole_stack(monkeypatch, dtype
     import tremula.numerics.attention as na
 
     rng = np.random.default_rng(3)
-    shape = (3, 5, 17, 8)
-    q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
-    mask = (3 * rng.standard_normal((3, 1, 1, 17))).astype(dtype) if masked == "mask" else None
-    allowed = causal_allowed(17, 17) if masked == "causal" else None
-    whole = attention(q, k, v, 0.3, mask, allowed, group)
-    for chunk in (17 * 17 * 5 * 2, 17 * 17 * 2, 1):  # two entries of the first axis; two matrices; one matrix
-        monkeypatch.setattr(na, "SCORES_CHUNK", chunk)
-        part = attention(q, k, v, 0.3, mask, allowed, group)
-        assert part.dtype == whole.dtype and part.shape == whole.shape
-        assert np.array_equal(part.view(np.uint8), whole.view(np.uint8))
+    for batch in (3, 1):  # (batch 1: the heads of its one entry are chunked)
+        shape = (batch, 5, 17, 8)
+        q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+        mask = (3 * rng.standard_normal((batch, 1, 1, 17))).astype(dtype) if masked == "mask" else None
+        allowed = causal_allowed(17, 17) if masked == "causal" else None
+        monkeypatch.setattr(na, "SCORES_CHUNK", 1 << 20)
+        whole = attention(q, k, v, 0.3, mask, allowed, group)
+        for chunk in (17 * 17 * 5 * 2, 17 * 17 * 2, 1):  # two entries of the first axis; two matrices; one matrix
+            monkeypatch.setattr(na, "SCORES_CHUNK", chunk)
+            part = attention(q, k, v, 0.3, mask, allowed, group)
+            assert part.dtype == whole.dtype and part.shape == whole.shape
+            assert np.array_equal(part.view(np.uint8), whole.view(np.uint8))

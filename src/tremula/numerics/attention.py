@@ -124,10 +124,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask: n
     a layer): every matrix is computed alone either way (a stacked matmul runs one product per matrix), so the bits
     are the same."""
     sq, sk = q.shape[-2], k.shape[-2]
-    if q.ndim > 2 and len(q) > 1 and sq * sk * int(np.prod(q.shape[:-2])) > SCORES_CHUNK:
+    if q.ndim > 2 and int(np.prod(q.shape[:-2])) > 1 and sq * sk * int(np.prod(q.shape[:-2])) > SCORES_CHUNK:
         m = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (sk,))
         per = max(1, SCORES_CHUNK // (sq * sk * int(np.prod(q.shape[1:-2]))))
-        if per == 1 and q.ndim > 3:  # one entry of the first axis is still a stack: chunk it along its own first
+        if per == 1 and q.ndim > 3:  # one entry of the first axis (batch 1: the only one) is still a stack: chunk it
             return np.stack([attention(q[i], k[i], v[i], scale, None if m is None else m[i], allowed, group, mm)
                              for i in range(len(q))])
         return np.concatenate([attention(q[i: i + per], k[i: i + per], v[i: i + per], scale,

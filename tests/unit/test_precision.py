@@ -37,6 +37,24 @@ def test_calibration_sets_scales_that_fit_the_observed_range():
         assert m * 2.0 ** -n.attrs["scale"] <= Fp8Format.parse(n.attrs["fmt"]).max
 
 
+def test_calibration_sees_each_value_as_made_and_keeps_none():
+    """The scales come from each cast input's max-abs seen as the interpreter makes it (run's observe), not from the
+    values kept to the end: the same scales as kept values give, and observe sees every node output once."""
+    from tremula.numerics.fp8 import scale_for_max_abs
+    from tremula.passes.precision import calibration_scales
+
+    g = fp8_linear_casts(canonicalize(build_zoo("bert-tiny", batch=2)))
+    feeds = make_feeds(g, seed=1)
+    casts = activation_casts(g)
+    kept = run(g, feeds, keep={n.inputs[0] for n in casts})
+    want = {n.name: scale_for_max_abs(float(np.max(np.abs(kept[n.inputs[0]]))), Fp8Format.parse(n.attrs["fmt"]))
+            for n in casts}
+    assert calibration_scales(g, feeds) == want
+    seen = []
+    out = run(g, feeds, observe=lambda name, v: seen.append(name))
+    assert seen == [o for n in g.nodes for o in n.outputs] and set(out) == set(g.outputs)
+
+
 def test_fp8_model_stays_close_to_float32_and_reports_layer_losses():
     g = canonicalize(build_zoo("vit-tiny", batch=2))
     feeds = make_feeds(g, seed=2)

@@ -46,9 +46,11 @@ def check_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> None:
 
 
 def run(graph: Graph, feeds: dict[str, np.ndarray], keep: set[str] | None = None,
-        override: Callable[[Node], RefRule | None] | None = None) -> dict[str, np.ndarray]:
+        override: Callable[[Node], RefRule | None] | None = None,
+        observe: Callable[[str, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
     """Evaluate the graph; returns its outputs (and any values named in `keep`). `override` may give a node another
-    evaluation than its op's rule (the precision-matched reference's K-split matmuls, sim/reference.py)."""
+    evaluation than its op's rule (the precision-matched reference's K-split matmuls, sim/reference.py). `observe`
+    is called with each node output as it is made (a value seen so need not be kept to the end)."""
     check_feeds(graph, feeds)
     env: dict[str, np.ndarray] = {n: np.asarray(feeds[n]).astype(graph.types[n].dtype) for n in graph.inputs}
     last_use: dict[str, int] = {}
@@ -66,6 +68,8 @@ def run(graph: Graph, feeds: dict[str, np.ndarray], keep: set[str] | None = None
         outs = (ref or rule(node.op).ref)(args, node.attrs)
         for name, val in zip(node.outputs, outs):
             env[name] = val
+            if observe is not None:
+                observe(name, val)
         for i in node.inputs:  # free what no later node reads, so a big model runs in bounded memory
             if i in env and last_use.get(i) == idx and i not in wanted:
                 del env[i]

@@ -77,9 +77,16 @@ def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, 
     casts = activation_casts(graph)
     if not casts:
         return {}
-    values = run(graph, feeds, keep={n.inputs[0] for n in casts})
-    return {n.name: scale_for_max_abs(float(np.max(np.abs(values[n.inputs[0]]), initial=0.0)),
-                                      Fp8Format.parse(n.attrs["fmt"])) for n in casts}
+    top: dict[str, float] = {n.inputs[0]: 0.0 for n in casts}
+
+    def seen(name: str, value: np.ndarray) -> None:  # each input's max-abs as it is made (not kept to the end)
+        if name in top:
+            top[name] = max(top[name], float(np.max(np.abs(value), initial=0.0)))
+
+    run(graph, feeds, observe=seen)
+    for x in top.keys() & set(graph.inputs):  # (a cast of a graph input: no node makes it)
+        top[x] = float(np.max(np.abs(np.asarray(feeds[x]).astype(graph.types[x].dtype)), initial=0.0))
+    return {n.name: scale_for_max_abs(top[n.inputs[0]], Fp8Format.parse(n.attrs["fmt"])) for n in casts}
 
 
 def with_scales(graph: Graph, scales: dict[str, int]) -> Graph:

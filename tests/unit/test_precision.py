@@ -146,3 +146,19 @@ def test_weight_codes_and_scale_come_from_the_weights_max_abs():
     decoded = codes.value().astype(np.float32) * 2.0 ** sc
     assert np.max(np.abs(w)) * 2.0 ** -sc <= fmt.max < 2 * np.max(np.abs(w)) * 2.0 ** -sc
     np.testing.assert_allclose(decoded, w, rtol=2 ** -3, atol=2.0 ** (sc - 10))  # 3 mantissa bits
+
+
+def test_layer_closeness_in_chunks_is_the_whole_formula_and_a_nan_is_the_worst():
+    from tremula.passes.precision import _closeness
+
+    rng = np.random.default_rng(2)
+    exact = rng.standard_normal((37, 11)).astype(np.float32)
+    got = exact + np.float32(0.01) * rng.standard_normal((37, 11)).astype(np.float32)
+    e, g = exact.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+    cos = e @ g / (np.linalg.norm(e) * np.linalg.norm(g))
+    err = np.max(np.abs(g - e)) / np.max(np.abs(e))
+    for chunk in (1 << 20, 50, 1):
+        c, r = _closeness(exact, got, chunk)
+        assert abs(c - cos) < 1e-12 and r == err
+    got[5, 3] = np.nan
+    assert _closeness(exact, got) == (float("-inf"), float("inf"))

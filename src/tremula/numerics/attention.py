@@ -123,8 +123,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask: n
     cache instead of being fresh arrays of the whole stack (SigLIP so400m's float32 reference at four samples: 136 MB
     a layer): every matrix is computed alone either way (a stacked matmul runs one product per matrix), so the bits
     are the same."""
-    sq, sk = q.shape[-2], k.shape[-2]
-    if q.ndim > 2 and int(np.prod(q.shape[:-2])) > 1 and sq * sk * int(np.prod(q.shape[:-2])) > SCORES_CHUNK:
+    sq, sk, n = q.shape[-2], k.shape[-2], int(np.prod(q.shape[:-2]))
+    if n > 1 and sq * sk * n > SCORES_CHUNK:
         m = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (sk,))
         per = max(1, SCORES_CHUNK // (sq * sk * int(np.prod(q.shape[1:-2]))))
         if per == 1 and q.ndim > 3:  # one entry of the first axis (batch 1: the only one) is still a stack: chunk it

@@ -190,7 +190,8 @@ def layer_losses(graph: Graph, feeds: dict[str, np.ndarray]) -> list[LayerLoss]:
 
 def _closeness(exact: np.ndarray, got: np.ndarray, chunk: int = 1 << 20) -> tuple[float, float]:
     """(cosine, max |got - exact| / max |exact|) in float64, over chunks of `chunk` elements (float64 copies of a
-    whole activation are fresh arrays each layer: SigLIP so400m's fc1 output is 25 MB in float64)."""
+    whole activation are fresh arrays each layer: SigLIP so400m's fc1 output is 25 MB in float64); (-inf, inf) when
+    either holds a NaN or an infinity (the worst, not a perfect match)."""
     e, g = exact.reshape(-1), got.reshape(-1)
     dot = ee = gg = top = diff = 0.0
     for i in range(0, e.size, chunk):
@@ -199,6 +200,8 @@ def _closeness(exact: np.ndarray, got: np.ndarray, chunk: int = 1 << 20) -> tupl
         top = max(top, float(np.max(np.abs(ec), initial=0.0)))
         gc -= ec
         diff = max(diff, float(np.max(np.abs(gc), initial=0.0)))
+    if not (np.isfinite(ee) and np.isfinite(gg)):  # (a NaN or an infinity anywhere reaches the sums of squares)
+        return float("-inf"), float("inf")
     denom = np.sqrt(ee) * np.sqrt(gg)
     return (float(dot / denom) if denom > 0 else 1.0), (diff / top if top > 0 else 0.0)
 

@@ -103,25 +103,57 @@ class AttentionLowering:
         lay, a0, a1, c0, c1 = self._head_rects(value, units, r0, r1)
         return gather_rects(lay, a0, a1, c0, c1, tiles, buf, 0, (c1 - c0) * lay.itemsize)
 
-    def _attention_output(self, out: str, dtype: str, units, qi, qcuts, tiles) -> tuple[Layout, np.ndarray, str]:
-        """The output layout (one block per unit: rows qcuts[qi]:qcuts[qi + 1] of head `units`), each unit's block
-        offset, and the value it holds: the merged [B*S, H*dv] value under a head view, else `out` itself."""
+    def _attention_output(self, out: str, dtype: str, units, q0, tiles) -> tuple[Layout, np.ndarray, str]:
+        """The output layout (one block per unit: rows q0.. of head `units`, to the next unit's q0 of that head's
+        sample), each unit's block offset, and the value it holds: the merged [B*S, H*dv] value under a head view
+        (every head of a sample cut at the same rows), else `out` itself."""
         t = self.types[out]
         sq, dv = t.shape[-2:]
-        bh = len(units) // (len(qcuts) - 1)
         hv = self.head_out.get(out)
-        if hv is None:
-            rows_cuts = np.concatenate([units * sq + qcuts[qi], [bh * sq]])
-            lay = self.alloc_layout(out + "@attn", bh * sq, dv, dtype, rows_cuts, [0, dv], tiles[:, None])
-            return lay, lay.rel[:, 0], out
-        nq, h = len(qcuts) - 1, hv.heads
+        h = hv.heads if hv is not None else 1
         b = units // h
-        nb = bh // h
-        grid = np.zeros((nb * nq, h), I64)
-        grid[b * nq + qi, units % h] = tiles
-        rows_cuts = np.concatenate([(np.arange(nb)[:, None] * sq + qcuts[None, :-1]).reshape(-1), [nb * sq]])
-        lay = self.alloc_layout(hv.value, nb * sq, h * dv, dtype, rows_cuts, np.arange(h + 1) * dv, grid)
-        return lay, lay.rel[b * nq + qi, units % h], hv.value
+        rows = (int(units.max()) // h + 1) * sq
+        starts = np.unique(b * sq + q0)
+        r = np.searchsorted(starts, b * sq + q0)
+        grid = np.zeros((len(starts), h), I64)
+        grid[r, units % h] = tiles
+        rows_cuts = np.concatenate([starts, [rows]])
+        if hv is None:
+            lay = self.alloc_layout(out + "@attn", rows, dv, dtype, rows_cuts, [0, dv], grid)
+            return lay, lay.rel[r, 0], out
+        lay = self.alloc_layout(hv.value, rows, h * dv, dtype, rows_cuts, np.arange(h + 1) * dv, grid)
+        return lay, lay.rel[r, units % h], hv.value
+
+    def _attention_units(self, out: str, bh: int, sq: int):
+        """(head, first query row, end row) of every unit of work and the units of each round (their tiles: 0, 1, ..
+        in each round). Fewer heads than tiles: each head's query rows cut in as many blocks as fill the tiles, one
+        round. More: whole heads in rounds of whole samples (a head view's grid cuts every head of a sample at the same
+        rows), and the samples left over after the last full round in one more round, their query rows cut finer to
+        fill it (BERT-base b128: 1,536 heads on 1,472 tiles ran a second round of 64 whole heads, a whole head's
+        cycles), unless that takes more rounds than whole heads in rounds of all the tiles."""
+        hv = self.head_out.get(out)
+        h = hv.heads if hv is not None else 1
+        T = self.T
+        rounds_whole = cdiv(bh, T)
+        per = T // h if h <= T else 0  # whole samples a round
+        left = (bh // h) % per if per else 0
+        if bh <= T or not per or left == 0 or (bh // h) // per + 1 > rounds_whole:
+            nq = len(even_cuts(sq, max(1, min(sq, T // bh)))) - 1 if bh <= T else 1
+            qcuts = even_cuts(sq, nq)
+            u_bh = np.repeat(np.arange(bh, dtype=I64), nq)
+            qi = np.tile(np.arange(nq, dtype=I64), bh)
+            n = len(u_bh)
+            return u_bh, qcuts[qi], qcuts[qi + 1], [np.arange(r, min(n, r + T)) for r in range(0, n, T)]
+        whole = bh - left * h
+        fine = even_cuts(sq, max(1, min(sq, T // (left * h))))
+        nq = len(fine) - 1
+        u_bh = np.concatenate([np.arange(whole, dtype=I64), np.repeat(np.arange(whole, bh, dtype=I64), nq)])
+        qi = np.tile(np.arange(nq, dtype=I64), left * h)
+        u_q0 = np.concatenate([np.zeros(whole, I64), fine[qi]])
+        u_q1 = np.concatenate([np.full(whole, sq, I64), fine[qi + 1]])
+        step = per * h
+        rounds = [np.arange(r, min(whole, r + step)) for r in range(0, whole, step)]
+        return u_bh, u_q0, u_q1, rounds + [np.arange(whole, len(u_bh))]
 
     def _lower_attention(self, node) -> None:
         q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
@@ -131,20 +163,16 @@ class AttentionLowering:
         nk = min(sk, cdiv(kv_bytes, int(ATTENTION_KV_FRACTION * self.chip.sram_bytes_per_tile)), max(1, self.T // bh))
         if nk > 1:
             return self._attention_key_blocks(node, nk)
-        nq = max(1, min(sq, self.T // bh)) if bh < self.T else 1
-        qcuts = even_cuts(sq, nq)
-        nq = len(qcuts) - 1
-        u_bh = np.repeat(np.arange(bh, dtype=I64), nq)
-        u_qi = np.tile(np.arange(nq, dtype=I64), bh)
-        u_q0, u_q1 = qcuts[u_qi], qcuts[u_qi + 1]
-        nu = len(u_bh)
-        u_tile = np.arange(nu, dtype=I64) % self.T
+        u_bh, u_q0, u_q1, rounds = self._attention_units(out, bh, sq)
+        u_tile = np.zeros(len(u_bh), I64)
+        for us in rounds:
+            u_tile[us] = np.arange(len(us))
         used = np.unique(u_tile)
         maxq = int((u_q1 - u_q0).max())
         qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
         kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, sk * d * isz)
         vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, sk * dv * isz)
-        lay, orel, value = self._attention_output(out, ot.dtype, u_bh, u_qi, qcuts, u_tile)
+        lay, orel, value = self._attention_output(out, ot.dtype, u_bh, u_q0, u_tile)
         if mask is not None:
             midx, mrows_same = self._mask_index(mask, lead, sq, sk)
             mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,
@@ -152,8 +180,7 @@ class AttentionLowering:
         scale = f2i(node.attrs["scale"])
         causal = int(node.attrs.get("causal", 0))
         group = group_of(node.attrs)  # half partials (passes/precision.with_partials), 0: float
-        for rnd in range(cdiv(nu, self.T)):
-            us = np.arange(rnd * self.T, min(nu, (rnd + 1) * self.T))
+        for us in rounds:
             tl = u_tile[us]
             zero = np.zeros(len(us), I64)
             parts = [self._gather_heads(q, u_bh[us], u_q0[us], u_q1[us], tl, qbuf),
@@ -175,7 +202,10 @@ class AttentionLowering:
                                np.full(len(us), group)], axis=1)
             self.compute([self.group("attention", tuple(dtypes), tl, params, ops)], out)
         self.set_output(value, lay)
-        self.strategies[node.name or out] = f"attention, {bh} heads x {nq} query blocks over {len(used)} tiles"
+        blocks = np.bincount(u_bh, minlength=bh)
+        cut = f"{blocks[0]} query blocks" + (f" ({blocks[-1]} in the last round)" if blocks[-1] != blocks[0] else "")
+        self.strategies[node.name or out] = (f"attention, {bh} heads x {cut} over {len(used)} tiles"
+                                             + (f" in {len(rounds)} rounds" if len(rounds) > 1 else ""))
 
     def _mask_index(self, mask: str, lead, sq: int, sk: int) -> tuple[np.ndarray, bool]:
         """The mask's flat element index per (batch*head, query, key), a [*lead, sq, sk] broadcast view (not bh x sq x
@@ -255,7 +285,7 @@ class AttentionLowering:
             return np.where(j_from < j_own, j_from, j_from - 1) * slot_bytes
 
         o_idx = np.flatnonzero(own)
-        lay, orel, value = self._attention_output(out, ot.dtype, b_[o_idx], fi[o_idx], fine, tl[o_idx])
+        lay, orel, value = self._attention_output(out, ot.dtype, b_[o_idx], fine[fi[o_idx]], tl[o_idx])
         if mask is not None:
             midx, same = self._mask_index(mask, lead, sq, sk)
             mbuf = self.new_buffer(f"{mask}@{out}", "buffers", used,

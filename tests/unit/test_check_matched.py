@@ -67,12 +67,13 @@ def test_a_long_simulation_speculates_only_while_the_verdict_is_open(monkeypatch
     once, unless the matched reference is made already and settles every output alone (bert-tiny fp16 matches it
     bit for bit): made first, no reordering runs; made after the simulation, the reordering runs (it cannot be known
     to be unneeded), and the verdict is the same."""
+    import os
     import threading
 
     import tremula.check as check
     import tremula.sim.functional as functional
 
-    if (__import__("os").cpu_count() or 1) < 2:
+    if (os.cpu_count() or 1) < 2:
         pytest.skip("the references run beside the simulation only on two or more cores")
     made, simulated = threading.Event(), threading.Event()
     real_ref, real_sim = reference.matched_reference, functional.simulate

@@ -39,7 +39,8 @@ def test_calibration_sets_scales_that_fit_the_observed_range():
 
 def test_calibration_sees_each_value_as_made_and_keeps_none():
     """The scales come from each cast input's max-abs seen as the interpreter makes it (run's observe), not from the
-    values kept to the end: the same scales as kept values give, and observe sees every node output once."""
+    values kept to the end: the same scales as kept values give, and observe sees every input and every node output
+    once."""
     from tremula.numerics.fp8 import scale_for_max_abs
     from tremula.passes.precision import calibration_scales
 
@@ -52,7 +53,7 @@ def test_calibration_sees_each_value_as_made_and_keeps_none():
     assert calibration_scales(g, feeds) == want
     seen = []
     out = run(g, feeds, observe=lambda name, v: seen.append(name))
-    assert seen == [o for n in g.nodes for o in n.outputs] and set(out) == set(g.outputs)
+    assert seen == list(g.inputs) + [o for n in g.nodes for o in n.outputs] and set(out) == set(g.outputs)
 
 
 def test_fp8_model_stays_close_to_float32_and_reports_layer_losses():

@@ -50,9 +50,13 @@ def run(graph: Graph, feeds: dict[str, np.ndarray], keep: set[str] | None = None
         observe: Callable[[str, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
     """Evaluate the graph; returns its outputs (and any values named in `keep`). `override` may give a node another
     evaluation than its op's rule (the precision-matched reference's K-split matmuls, sim/reference.py). `observe`
-    is called with each node output as it is made (a value seen so need not be kept to the end)."""
+    is called with each input (in the graph's dtype) and each node output as it is made (a value seen so need not
+    be kept to the end)."""
     check_feeds(graph, feeds)
     env: dict[str, np.ndarray] = {n: np.asarray(feeds[n]).astype(graph.types[n].dtype) for n in graph.inputs}
+    if observe is not None:
+        for n in graph.inputs:
+            observe(n, env[n])
     last_use: dict[str, int] = {}
     for idx, node in enumerate(graph.nodes):
         for i in node.inputs:

@@ -84,8 +84,6 @@ def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, 
             top[name] = max(top[name], float(np.max(np.abs(value), initial=0.0)))
 
     run(graph, feeds, observe=seen)
-    for x in top.keys() & set(graph.inputs):  # (a cast of a graph input: no node makes it)
-        top[x] = float(np.max(np.abs(np.asarray(feeds[x]).astype(graph.types[x].dtype)), initial=0.0))
     return {n.name: scale_for_max_abs(top[n.inputs[0]], Fp8Format.parse(n.attrs["fmt"])) for n in casts}
 
 

@@ -138,8 +138,8 @@ class AttentionLowering:
         per = T // h if h <= T else 0  # whole samples a round
         left = (bh // h) % per if per else 0
         if bh <= T or not per or left == 0 or (bh // h) // per + 1 > rounds_whole:
-            nq = len(even_cuts(sq, max(1, min(sq, T // bh)))) - 1 if bh <= T else 1
-            qcuts = even_cuts(sq, nq)
+            qcuts = even_cuts(sq, max(1, min(sq, T // bh)) if bh <= T else 1)
+            nq = len(qcuts) - 1
             u_bh = np.repeat(np.arange(bh, dtype=I64), nq)
             qi = np.tile(np.arange(nq, dtype=I64), bh)
             n = len(u_bh)

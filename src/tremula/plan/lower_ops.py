@@ -628,9 +628,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             # Output columns cut at head boundaries when attention reads them per head (its head views), or in the
             # residual stream's panels.
             pn_fix = self.head_parts.get(out, 0) or self._panel_parts(out)
-            st = min((choose_linear(self.chip, m, k, n, xt.dtype, self.pm_max, self.temp_fraction, shape,
-                                    self.perm_fraction, pn_fix=pn_fix, pk_fix=c, partials=_partials(node))
-                      for c in cuts), key=lambda s: (s.over, s.cycles))
+            st = self._cheapest_linear(m, k, n, xt.dtype, shape, pn_fix, cuts, _partials(node))
             if not col0 and self._fused_apart(node, st, m, k, shape, cuts):
                 return
         share = self._shared_x
@@ -642,6 +640,14 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         else:
             for _ in rounds:
                 pass
+
+    def _cheapest_linear(self, m: int, k: int, n: int, dtype: str, shape: SourceShape, pn_fix: int,
+                         cuts: tuple[int, ...], partials: str):
+        """choose_linear at each K cut of `cuts` (0: a free one), the cheapest by choose_linear's own key (bytes over
+        the budgets, then cycles; the first on a tie)."""
+        return min((choose_linear(self.chip, m, k, n, dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction,
+                                  pn_fix=pn_fix, pk_fix=c, partials=partials) for c in cuts),
+                   key=lambda s: (s.over, s.cycles))
 
     def _linear_rounds(self, node, col0: int, st, src, m: int, k: int, n: int, share: dict | None):
         """The Linear as planned (st): its tiles, weights, and round after round the operand gather and the products
@@ -711,9 +717,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         n = widths.pop()
         headed = all(o in self.head_parts for o in parts)
         dtype = self.types[node.inputs[0]].dtype
-        one = min((choose_linear(self.chip, m, k, n, dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction,
-                                 pn_fix=self.head_parts.get(parts[0], 0), pk_fix=c, partials=_partials(node))
-                   for c in cuts), key=lambda s: (s.over, s.cycles))
+        one = self._cheapest_linear(m, k, n, dtype, shape, self.head_parts.get(parts[0], 0), cuts, _partials(node))
         # The parts can share one gathered x: the first part gathers each round's rows on its tiles, the others run
         # on the same tiles and read them (BERT-base fp16 batch 16 gathered its layer input three times a layer).
         # Each part's weights then sit on those tiles too: only when their blocks together are no bigger than the

@@ -10,7 +10,15 @@ from collections.abc import Callable
 from tremula import limits
 from tremula.frontends.rebatch import FixedBatch
 from tremula.ir.graph import Graph, model_batch
-from tremula.pipeline import Progress, canonical, keep_fastest, plan_graph, price_plan, resolve_dtype
+from tremula.pipeline import (
+    Progress,
+    canonical,
+    keep_fastest,
+    plan_fullness,
+    plan_graph,
+    price_plan,
+    resolve_dtype,
+)
 
 MAX_AUTO_BATCH = 4096
 
@@ -71,34 +79,51 @@ def refuse_oversize(build, graph: Graph, chip, dt: str, what: str | None = None,
     raise limits.refusal(need, limit, what or f"{graph.name} at batch {b}", max_b, memory, samples=host_only)
 
 
+def placeholder_scales(graph: Graph) -> dict[str, int]:
+    """FP8 activation scales to plan with when none are calibrated (they change no choice of a plan): each cast its
+    own, k % 61 - 30 for the k-th, so that the same cast of two layers of a run (fewer than 61 casts a layer, 61
+    layers) never has the same scale, and a shared layer patches every scale field that calibrated scales could make
+    it patch (plan/share.py): a plan that fits with these fits with calibrated ones. Not the other way: calibrated
+    scales often repeat from layer to layer; the fullest tile of SigLIP so400m fp8's shared plan at batch 10 holds
+    27.1 KB of vertex state with these, 12.1 KB with calibrated scales, and 7.7 KB with all zeros (the placeholders
+    before, which patched nothing: a plan could fit with them and not with calibrated scales)."""
+    from tremula.passes.precision import activation_casts, fp8_linear_casts
+
+    return {n.name: k % 61 - 30 for k, n in enumerate(activation_casts(fp8_linear_casts(canonical(graph))))}
+
+
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
             scales: dict[str, int] | None = None, shared_only: bool = False,
             partials: str = "float", rates: dict[int, float] | None = None,
-            plans: dict | None = None, weights: str = "auto") -> tuple[bool, bool]:
-    """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares).
-    A batch over the lower bound (limits.py) is answered without planning. `rates`: a plan that fits has its
-    modelled samples/s put there by batch (its Program priced as the compile prices it); `plans` (with rates):
+            plans: dict | None = None, weights: str = "auto") -> tuple[bool, bool, float | None]:
+    """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares, how
+    full (pipeline.plan_fullness) the fitting plan is, else the least full plan tried; None when not planned). A
+    batch over the lower bound (limits.py) is answered without planning, and one no budget fits without lowering
+    its least full plan again (plan_graph's lowest_peak=False). `rates`: a plan that fits has its modelled
+    samples/s put there by batch (its Program priced as the compile prices it); `plans` (with rates):
     the fastest plan so far is kept there whole (pipeline.keep_fastest), for the compile to reuse."""
     graph = build(batch)
     (on_chip, on_host), (cap, host) = _needs(graph, dtype, weights), _caps(chip)
     if on_chip.total > cap or (host is not None and on_host.total > host):
-        return False, True
+        return False, True, None
+    tried: list[float] = []
     g, state, mp, live, reserved = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only,
-                                              partials=partials, weights=weights)
+                                              partials=partials, weights=weights, lowest_peak=False, fullness=tried)
     if mp.fits and rates is not None:
         priced = price_plan(g, state, mp, live, reserved, chip, dtype, batch, shared_only)
         rates[batch] = priced.rate
         if plans is not None:
             keep_fastest(plans, batch, priced)
         priced = None
-    return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False)
+    full = plan_fullness(mp, chip) if mp.fits else min(tried)
+    return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False), full
 
 
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
                    progress: Progress | None = None, scales: dict[str, int] | None = None,
                    one_fits: bool | None = None, found: dict | None = None, partials: str = "float",
                    weights: str = "auto") -> int:
-    """The largest batch whose plan fits (0 if batch 1 does not), by doubling then bisection; planner only. Fitting
+    """The largest batch whose plan fits (0 if batch 1 does not), by doubling then guesses; planner only. Fitting
     is not strictly monotone in the batch (splits and budgets change with it), so this is the largest the search
     finds, and every batch it returns has a plan that fits.
 
@@ -107,17 +132,16 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     `found["shared_from"]` is then that batch, and `found["rates"]` the modelled samples/s of every batch planned
     that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among; with
     `found["plans"]` (a dict the caller puts there) the fastest of those plans is kept whole, for the compile to reuse.
+    A caller whose batch 1 planned only with shared layers puts `found["shared_from"] = 1` there first.
 
-    FP8 scales change no byte of a plan and no choice in it, so the search plans with `scales` (or placeholders);
-    only a shared layer's call cycles move with them, by the scale fields it patches (1,212 of 56.8 M cycles for
-    SigLIP so400m fp8 at batch 8 between two sets of weights). `one_fits`:
+    FP8 scales change no choice of a plan, so the search plans with `scales` or placeholder_scales; a shared
+    layer's patched fields (vertex state, call cycles) move with them (1,212 of 56.8 M cycles for SigLIP so400m fp8
+    at batch 8 between two sets of weights), and the placeholders patch the most. `one_fits`:
     the caller already planned batch 1. The search goes no higher than the lower bound allows (limits.py), so an
     impossible batch is never planned."""
     dt = resolve_dtype(dtype)
     if dt == "fp8" and scales is None:
-        from tremula.passes.precision import activation_casts, fp8_linear_casts
-
-        scales = {n.name: 0 for n in activation_casts(fp8_linear_casts(canonical(build(1))))}
+        scales = placeholder_scales(build(1))
     limit = min(limit, bound_limit(build, chip, dt, weights=weights))
     if limit < 1:
         return 0
@@ -125,17 +149,22 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     rates = found.setdefault("rates", {}) if found is not None else None
     plans = found.get("plans") if found is not None else None
 
-    shared_from = limit + 1  # smallest batch at which plans without shared layers failed
+    # smallest batch at which plans without shared layers failed (the caller's batch 1 may have)
+    shared_from = found.get("shared_from", limit + 1) if found is not None else limit + 1
+
+    full: dict[int, float] = {}  # batch -> how full its plan is (fits_at), for the guesses below
 
     def ok(b: int) -> bool:
         nonlocal probes, shared_from
         probes += 1
         if progress:
             progress("batch search", probes, probes + 1)
-        fits, shared = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
-                               rates=rates, plans=plans, weights=weights)
+        fits, shared, f = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
+                                  rates=rates, plans=plans, weights=weights)
         if shared:
             shared_from = min(shared_from, b)
+        if f is not None:
+            full[b] = f
         return fits
 
     if not (one_fits if one_fits is not None else ok(1)):
@@ -144,12 +173,28 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     while hi <= limit and ok(hi):
         lo, hi = hi, hi * 2
     hi = min(hi, limit + 1)
+    # Between the last batch that fit and the first that did not, guess from how full their plans are (_guess). A
+    # good guess fits and the batch after it does not; two probes in a row with the same answer mean the plans grow
+    # otherwise than in a line there, and a bisection step follows (as in the Illinois method), so the search takes
+    # at most about twice bisection's probes.
+    bisect, last = False, None
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
+        mid = (lo + hi) // 2 if bisect else _guess(lo, hi, full)
+        fits = ok(mid)
+        bisect, last = not bisect and fits == last, fits
+        lo, hi = (mid, hi) if fits else (lo, mid)
     if found is not None and shared_from <= lo:
         found["shared_from"] = shared_from
     return lo
+
+
+def _guess(lo: int, hi: int, full: dict[int, float]) -> int:
+    """The batch in (lo, hi) the line through the plans of lo (fits) and hi (does not) says is the last to fit:
+    plans grow about linearly with the batch between doublings (activations and buffers per sample), so this lands
+    on or next to the answer where bisection takes log2(hi - lo) probes (SigLIP so400m fp8 between 8 and 16, BERT-base
+    fp16 between 128 and 256). Bisection's midpoint when either plan's fullness is unknown (hi refused by the bound)."""
+    a, b = full.get(lo), full.get(hi)
+    if a is None or b is None or b <= a:
+        return (lo + hi) // 2
+    x = lo + (1.0 - a) * (hi - lo) / (b - a)
+    return min(max(int(x), lo + 1), hi - 1)

@@ -273,6 +273,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
         priced = price_plan(g1, state, mp, live, reserved, chip, dt, 1)
         found: dict = {"rates": {1: priced.rate}}
+        if getattr(state, "share_layers", False):  # plans without shared layers failed at batch 1 already
+            found["shared_from"] = 1
         # The fastest plan the search makes is kept whole, and compiling that batch reuses it instead of planning it
         # again, when a probe's graph is the one compiled: a model file's probes are rebatched graphs, whose value
         # names may differ from the file's own at that batch (_Rebatching), so those are planned again.

@@ -229,11 +229,23 @@ def _streamed_plan(state, chip, mp, everything: bool):
 WEIGHTS = ("auto", "resident", "streamed")
 
 
+def plan_fullness(mp, chip) -> float:
+    """How full a memory plan is: its fullest tile over the tile's SRAM, or its code over the code region where the
+    chip has one and that is more; a plan fits when this is at most 1."""
+    full = mp.peak_bytes / chip.sram_bytes_per_tile
+    if mp.code_region_used is not None and mp.code_region_bytes:
+        full = max(full, float(mp.code_region_used.max()) / mp.code_region_bytes)
+    return full
+
+
 def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
                scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float",
-               weights: str = "auto"):
+               weights: str = "auto", lowest_peak: bool = True, fullness: list[float] | None = None):
     """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
-    shared_only: skip the budgets without shared layers (the caller knows they do not fit). weights: "resident"
+    shared_only: skip the budgets without shared layers (the caller knows they do not fit). lowest_peak: when no
+    plan fits, return the one with the lowest peak (lowered again if it was not the last tried) rather than the last
+    one, whose memory plan still says it does not fit (a batch search needs no more); `fullness`, when given, gets
+    how full each plan tried is (plan_fullness). weights: "resident"
     keeps every weight on the chip; "auto" streams the fewest layers' weights from host memory that make a
     shared-layer plan fit when it does not (before a tighter budget is tried); "streamed" streams every layer of
     each run of identical layers (plan/stream.py)."""
@@ -261,11 +273,12 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         b = (free if frac is FREE else frac, perm, share)
         if not budgets or b != budgets[-1]:
             budgets.append(b)
+    last = -1  # the budget of the plan in hand
     for i, (frac, perm, share) in enumerate(budgets):
         if frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
                                                                          (shared_only or tried_shared)):
             continue
-        tried_shared = tried_shared or share
+        tried_shared, last = tried_shared or share, i
         plan = state = live = None  # drop the previous lowering before making the next
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
                         layers=layers).lower()
@@ -273,6 +286,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         if share and weights != "resident" and (weights == "streamed" or not mp.fits):
             mp, live, reserved = _streamed_plan(state, chip, mp, weights == "streamed") or (mp, live, reserved)
         plan = (state, mp, live, reserved)
+        if fullness is not None:
+            fullness.append(plan_fullness(mp, chip))
         if best is None or mp.peak_bytes < best[0]:
             best = (mp.peak_bytes, i, getattr(state, "streaming", None))
         # Budgets shrink only buffers, vertex state and exchange code: when the rest alone overflows, stop. A tighter
@@ -296,7 +311,7 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         else:
             futile.pop(share, None)
     assert best is not None and plan is not None
-    if best[1] != i:
+    if best[1] != last and lowest_peak:
         plan = state = live = None
         frac, perm, share = budgets[best[1]]
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,

@@ -61,3 +61,79 @@ def test_auto_reuses_the_plan_of_the_batch_it_chose(monkeypatch, tmp_path):
         r.program.meta = {}  # (the summary differs: the auto one lists the rates)
         save_program(r.program, tmp_path / name)
     assert (tmp_path / "auto").read_bytes() == (tmp_path / "alone").read_bytes()
+
+
+def test_placeholder_scales_differ_between_layers():
+    from tremula.batch_search import placeholder_scales
+    from tremula.ir.layers import find_layers
+    from tremula.passes.precision import activation_casts, fp8_linear_casts
+    from tremula.pipeline import canonical
+
+    g = fp8_linear_casts(canonical(load_model("siglip-tiny")))
+    scales = placeholder_scales(load_model("siglip-tiny"))
+    layers = find_layers(g)
+    casts = [n for n in activation_casts(g) if n.name in layers]
+    assert set(scales) == {n.name for n in activation_casts(g)}
+    by_layer: dict = {}
+    for n in casts:
+        by_layer.setdefault(layers[n.name], []).append(scales[n.name])
+    rows = list(by_layer.values())
+    assert len(rows) >= 2 and all(len(r) == len(rows[0]) for r in rows)
+    for a in rows:  # the same cast of any two layers never has the same scale
+        for b in rows:
+            if a is not b:
+                assert all(x != y for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("grow", ["line", "convex", "steps"])
+def test_the_search_finds_what_bisection_finds_in_fewer_probes(monkeypatch, grow):
+    """A synthetic planner whose plans fill a tile as the batch grows (in a line, faster and faster, or in steps):
+    the search returns the largest batch that fits, as bisection would, and guessing from how full the plans are
+    takes fewer probes than bisection on the line."""
+    import tremula.batch_search as bs
+
+    def fullness(b: int) -> float:
+        return {"line": 0.3 + 0.013 * b, "convex": 0.3 + 0.00011 * b * b, "steps": 0.5 + 0.06 * (b // 7)}[grow]
+
+    answer = max(b for b in range(1, 4097) if fullness(b) <= 1.0)
+    probed: list[int] = []
+
+    def fits_at(build, chip, dt, b, *args, **kwargs):
+        probed.append(b)
+        return fullness(b) <= 1.0, False, fullness(b)
+
+    monkeypatch.setattr(bs, "fits_at", fits_at)
+    monkeypatch.setattr(bs, "bound_limit", lambda *a, **k: 4096)
+    assert bs.find_max_batch(lambda b: None, load_chip(TINY16), "fp16") == answer
+    doubling = answer.bit_length() + 1  # 1, 2, 4, ... up to the first power of two that fails
+    assert len(probed) <= doubling + 2 * (answer.bit_length() - 1)
+    if grow == "line":
+        assert len(probed) <= doubling + 2
+
+
+@pytest.mark.parametrize("batch", [16, 64])
+@pytest.mark.parametrize("lowest_peak", [True, False])
+def test_a_plan_that_fits_nowhere_is_lowered_again_only_when_the_least_full_was_not_the_last(monkeypatch, batch,
+                                                                                           lowest_peak):
+    """plan_graph tries budgets in turn; when none fits it returns the least full plan, lowered again only if it is
+    not the plan in hand (budgets skipped after the last one tried used to count as tried); the batch search asks
+    for no such re-lowering (lowest_peak=False) and judges the least full plan from `fullness`."""
+    from tremula import pipeline
+
+    lowered = []
+
+    class Counting(pipeline.Lowerer):
+        def lower(self):
+            lowered.append(self.temp_fraction)
+            return super().lower()
+
+    monkeypatch.setattr(pipeline, "Lowerer", Counting)
+    chip = load_chip(TINY16)
+    full: list[float] = []
+    _, _, mp, _, _ = pipeline.plan_graph(load_model("bert-tiny", batch), chip, "float16", lowest_peak=lowest_peak,
+                                         fullness=full)
+    assert not mp.fits and len(full) >= 2
+    least = min(range(len(full)), key=full.__getitem__)
+    again = lowest_peak and least != len(full) - 1
+    assert len(lowered) == len(full) + again
+    assert pipeline.plan_fullness(mp, chip) == (full[least] if lowest_peak else full[-1])

@@ -17,7 +17,7 @@ import numpy as np
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node, TensorType
 from tremula.ir.interp import infer_types, run
-from tremula.numerics.fp8 import Fp8Format, quantize, scale_for_max_abs
+from tremula.numerics.fp8 import Fp8Format, max_abs, quantize, scale_for_max_abs
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, 
 
     def seen(name: str, value: np.ndarray) -> None:  # each input's max-abs as it is made (not kept to the end)
         if name in top:
-            top[name] = max(top[name], float(np.max(np.abs(value), initial=0.0)))
+            top[name] = max(top[name], max_abs(value))
 
     run(graph, feeds, observe=seen)
     return {n.name: scale_for_max_abs(top[n.inputs[0]], Fp8Format.parse(n.attrs["fmt"])) for n in casts}
@@ -104,7 +104,7 @@ def calibrate_fp8(graph: Graph, feeds: dict[str, np.ndarray]) -> Graph:
 
 
 def _weight_scale_of(w: np.ndarray, fmt: Fp8Format) -> int:
-    return scale_for_max_abs(float(np.max(np.abs(w), initial=0.0)), fmt)
+    return scale_for_max_abs(max_abs(w), fmt)
 
 
 def _weight_codes(fmt: Fp8Format) -> Callable[[np.ndarray], np.ndarray]:

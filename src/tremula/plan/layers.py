@@ -22,6 +22,7 @@ from tremula.ir.layers import LayerKey, node_key
 from tremula.plan.exchange import gather_rects, make_transfers
 from tremula.plan.layout import block_rel_offsets, blocks
 from tremula.plan.memory import align
+from tremula.plan.replay import LayerReplay
 from tremula.sorting import positions_in_runs, unique_rows
 
 I64 = np.int64
@@ -89,8 +90,9 @@ class _Spread:
     tile: int = 0
 
 
-class SharedLayers:
-    """Mixin for the Lowerer: the rewinds and the spread weight storage of shared-layer mode."""
+class SharedLayers(LayerReplay):
+    """Mixin for the Lowerer: the rewinds and the spread weight storage of shared-layer mode, and the copies of a run's
+    first layer for the layers after it (plan/replay.py)."""
 
     share_layers = False
 
@@ -102,6 +104,7 @@ class SharedLayers:
         self._carry_owner = ""  # the name of the layer's last node: the re-layout of its output is the layer's
         self._by_layer: dict | None = None  # layer -> its nodes, made on first use
         self.weight_layer: dict[int, LayerKey] = {}  # weight buffer -> the layer it was made in (streaming reads it)
+        self._init_replay()
 
     def new_buffer(self, name: str, category: str, tiles, sizes) -> int:
         buf = super().new_buffer(name, category, tiles, sizes)  # type: ignore[misc]
@@ -122,19 +125,23 @@ class SharedLayers:
         consts = {v for n in self._layer_nodes(key) for v in n.inputs if v and v in self.graph.constants}
         return sum(int(align(int(self.types[v].nbytes))) for v in consts)
 
-    def _enter(self, owner: str) -> None:
-        """Called before each node: start, continue or end a run of layers, rewinding placement at layer starts."""
+    def _enter(self, owner: str) -> bool:
+        """Called before each node: start, continue or end a run of layers, rewinding placement at layer starts.
+        True when the node's layer was copied from its run's template (plan/replay.py): the node is not lowered."""
         key = self.layers.get(owner)
         if self._run is not None and key == self._run:
-            self._carry_owner = owner
-            return
+            if not self._replayed:
+                self._carry_owner = owner
+            return self._replayed
         if self._run is not None:
             self._pin_carried()
+            self._record_end()
         if self._run is not None and (key is None or key[0] != self._run[0]):
             self.wload = self.placed.copy()  # leaving the run: later placements see the true weight loads
             self._run = self._snap = self._spread = None
+        self._replayed = False
         if key is None:
-            return
+            return False
         if self._run is None:
             self._snap = (self.cursor, self.row_cursor, self.wload.copy())
         else:
@@ -144,6 +151,10 @@ class SharedLayers:
             self.compute_empty()  # every layer starts on a step of its own, so all layers have the same steps
         self._run, self._carry, self._carry_owner = key, self._carried(key), owner
         self._spread = _Spread(int(align(-(-self._layer_bytes(key) // self.T))), np.zeros(self.T, I64))
+        self._replayed = self._replay(key)
+        if not self._replayed:
+            self._record_start(key)
+        return self._replayed
 
     def _spread_pieces(self, rows: int, cols: int, isz: int) -> list[tuple[int, int, int, int, int]]:
         """Storage for a [rows, cols] block: (tile, r0, r1, c0, c1) rectangles of it that cover its row-major

@@ -87,12 +87,12 @@ def free_temp_fraction(graph: Graph, chip) -> float:
 class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
                  temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False,
-                 layers: dict[str, LayerKey] | None = None):
+                 layers: dict[str, LayerKey] | None = None, replay: bool = True):
         super().__init__(chip.tiles)
         # node_key -> (run, index) of the repeated layers, found by structure (ir/layers.py) unless the caller did
         self.layers = find_layers(graph) if layers is None else layers
         self.temp_fraction, self.perm_fraction = temp_fraction, perm_fraction
-        self.share_layers = share_layers
+        self.share_layers, self.replay = share_layers, replay  # replay: copy a run's first layer (plan/replay.py)
         self._init_layers()
         self.graph, self.chip, self.progress = graph, chip, progress
         self.types = graph.types
@@ -148,8 +148,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             if node.outputs[0] in self.head_skip:  # a head split or merge attention reads or writes in place
                 continue
             self.owner, self.op = node.name or node.outputs[0], node.op
-            if self.share_layers:
-                self._enter(self.owner)
+            if self.share_layers and self._enter(self.owner):
+                continue  # its layer is a copy of its run's first (plan/replay.py)
             getattr(self, "_lower_" + self._kind(node.op))(node)
         if self.share_layers:
             self._enter("")  # end the last run of layers
@@ -406,7 +406,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             mat = self._move_elems(f"{x}@T{out}", [self.layout_of(x)], idx, lead, red, xt.dtype)
         if node.op == "LayerNorm" and mat is not None and self._layernorm_blocks(node, mat):
             return
-        mat = self.as_rows(mat, f"{x}@rows{out}")
+        mat = self.as_rows(mat, f"{x}@rows@{out}")
         ocols = red if node.op in ("LayerNorm", "Softmax") else 1
         res = self.alloc_layout(out if ocols == red and perm_free(node, axes, rank) else f"{out}@res", mat.rows, ocols,
                                 ot.dtype, mat.row_cuts, [0, ocols], mat.tiles)

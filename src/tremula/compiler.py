@@ -8,6 +8,7 @@ bytes by category and the largest batch that fits (found by planning only, never
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,9 +16,9 @@ from typing import Union
 
 import numpy as np
 
-from tremula.batch_search import find_max_batch, refuse_oversize
+from tremula.batch_search import find_max_batch, fits_at, placeholder_scales, refuse_oversize
 from tremula.errors import NoFit, TremulaError, notice
-from tremula.fp8_calibration import calibrate
+from tremula.fp8_calibration import calibration_job
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import (
@@ -213,6 +214,55 @@ def _fixed_batch(model: ModelSpec) -> int | None:
     return fixed_batch(model)
 
 
+class _Background:
+    """A function run on a thread of its own (a daemon: a compile that fails does not wait for it); `result` waits
+    and returns what it returned or raises what it raised. FP8 calibration is NumPy on large arrays, which mostly
+    releases the interpreter lock, so it runs beside the planner's Python."""
+
+    def __init__(self, fn: Callable[[], dict[str, int]]):
+        self._out: list = []
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="tremula-calibrate")
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._out.append((True, fn()))
+        except BaseException as e:  # handed to the caller of result()
+            self._out.append((False, e))
+
+    def result(self) -> dict[str, int]:
+        self._thread.join()
+        ok, value = self._out[0]
+        if not ok:
+            raise value
+        return value
+
+
+def _confirm_auto(build, chip, dt: str, largest: int, found: dict, scales: dict[str, int], partials: str,
+                  weights: str, progress: Progress | None) -> int:
+    """After a search with all-zero FP8 scales: plan the fastest batch it found and the largest with the calibrated
+    `scales` (their rates replace the search's; the fastest plan is kept for the compile), and return the largest.
+    When either no longer fits, search again with the calibrated scales (slower, and not seen on the zoo models)."""
+    rates = found["rates"]
+    fastest = max(rates, key=lambda b: (rates[b], b))
+    shared_from = found.get("shared_from", largest + 1)
+    plans: dict | None = {} if not hasattr(build, "exact") else None
+    ok = True
+    for b in sorted({fastest, largest}):
+        if progress:
+            progress("confirm", 0, 1)
+        ok = ok and fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials, rates=rates,
+                            plans=plans, weights=weights)[0]
+    if ok:
+        if plans is not None:
+            found["plans"] = plans
+        return largest
+    found.clear()
+    found["rates"] = {}
+    return find_max_batch(build, chip, dt, progress=progress, scales=scales, found=found, partials=partials,
+                          weights=weights)
+
+
 def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
                   seq_len: int | None = None, progress: Progress | None = None, require_fit: bool = True,
                   calibration: dict[str, np.ndarray] | None = None, partials: str = "half",
@@ -259,16 +309,28 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                                "pass batch=None")
         refuse_oversize(build, graph, chip, dt, weights=weights)
     shared_only = False
+    calibrating: _Background | None = None
     if dt == "fp8" and scales is None:
         if progress:
             progress("calibrate", 0, 1)
-        scales = calibrate(build, model if isinstance(model, Graph) else None, calibration, chip)
+        job = calibration_job(build, model if isinstance(model, Graph) else None, calibration, chip)
+        if batch == "auto":
+            calibrating = _Background(job)  # beside the batch search (see below)
+        else:
+            scales = job()
     if batch == "auto":
         assert build is not None
         # Batch 1 first: when it does not fit, its plan is what the error reports.
         one = build(1)
         refuse_oversize(build, one, chip, dt, weights=weights)
-        g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=scales, partials=partials, weights=weights)
+        # FP8: the search plans with all-zero scales while the calibration runs. Scales change no choice of a plan;
+        # zeros make a shared layer's scale fields equal to its template's, so it patches none of them, and a plan
+        # holds at most the bytes it holds with calibrated scales (SigLIP so400m fp8 b10's fullest tile: 7.7 KB of
+        # vertex state against 12.1 KB). The batches it answers are then planned with the calibrated scales
+        # (_confirm_auto).
+        search_scales = scales if calibrating is None else {k: 0 for k in placeholder_scales(one)}
+        g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=search_scales, partials=partials,
+                                                   weights=weights)
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
         priced = price_plan(g1, state, mp, live, reserved, chip, dt, 1)
@@ -278,7 +340,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # The fastest plan the search makes is kept whole, and compiling that batch reuses it instead of planning it
         # again, when a probe's graph is the one compiled: a model file's probes are rebatched graphs, whose value
         # names may differ from the file's own at that batch (_Rebatching), so those are planned again.
-        if not hasattr(build, "exact"):
+        if not hasattr(build, "exact") and calibrating is None:
             found["plans"] = {1: priced}
         # When batch 1 fits with every weight on the chip, the search keeps them there: streaming is how a model too
         # big for the chip runs at all, and larger batches that fit only by streaming were slower where measured
@@ -287,14 +349,17 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         if weights == "auto" and getattr(state, "streaming", None) is None:
             weights = "resident"
         g1 = state = live = reserved = one = priced = None
-        largest = find_max_batch(build, chip, dtype, progress=progress, scales=scales, one_fits=True, found=found,
-                                 partials=partials, weights=weights)
+        largest = find_max_batch(build, chip, dtype, progress=progress, scales=search_scales, one_fits=True,
+                                 found=found, partials=partials, weights=weights)
+        if calibrating is not None:
+            scales = calibrating.result()
+            largest = _confirm_auto(build, chip, dt, largest, found, scales, partials, weights, progress)
         # The fastest of the batches planned (a larger batch can be slower: more rounds, tighter budgets); on a tie
         # the larger.
-        rates = found["rates"]
+        rates = found["rates"] or {1: 0.0}  # none: batch 1 does not fit with the calibrated scales; its plan says so
         batch = max(rates, key=lambda b: (rates[b], b))
-        auto = {"largest": largest, "rates": dict(sorted(rates.items()))}
-        if batch != largest:
+        auto = {"largest": largest, "rates": dict(sorted(found["rates"].items()))}
+        if largest and batch != largest:
             notice(f"--batch auto: batch {largest} is the largest that fits, but batch {batch} is faster "
                    f"({rates[batch]:,.1f} against {rates[largest]:,.1f} samples/s modelled): compiling batch {batch}")
         shared_only = found.get("shared_from", largest + 1) <= batch

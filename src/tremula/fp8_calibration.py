@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tremula.batch_search import refuse_oversize
@@ -27,18 +29,25 @@ def fp8_scales(graph: Graph, feeds: dict[str, np.ndarray] | None = None) -> dict
 
 
 def calibrate(build, graph: Graph | None, calibration: dict[str, np.ndarray] | None, chip) -> dict[str, int]:
-    """Scales from the user's inputs or from CALIBRATION_SAMPLES seeded samples. The user's arrays are checked
-    against the model at its own batch first (names, shapes, samples), then the model at their number of samples
-    against the host's memory (types only), and only then are their values read (kinds, finiteness, ids)."""
+    """Scales from the user's inputs or from CALIBRATION_SAMPLES seeded samples (calibration_job, run now)."""
+    return calibration_job(build, graph, calibration, chip)()
+
+
+def calibration_job(build, graph: Graph | None, calibration: dict[str, np.ndarray] | None, chip
+                    ) -> Callable[[], dict[str, int]]:
+    """What `calibrate` computes, as a function to run later (compile's --batch auto runs it beside the batch
+    search), with everything that can refuse the user's inputs done now: the user's arrays are checked against the
+    model at its own batch first (names, shapes, samples), then the model at their number of samples against the
+    host's memory (types only), and only then are their values read (kinds, finiteness, ids)."""
     if not calibration:
         if build is None:
             assert graph is not None
-            return fp8_scales(graph)
+            return lambda: fp8_scales(graph)
         try:
             g = build(CALIBRATION_SAMPLES)
         except FixedBatch:  # a fixed batch that cannot be rebatched: its own samples
             g = build(None)
-        return fp8_scales(g)
+        return lambda: fp8_scales(g)
     small = graph if build is None else build(None)
     assert small is not None
     arrays, n = _calibration_arrays(small, calibration)
@@ -54,7 +63,7 @@ def calibrate(build, graph: Graph | None, calibration: dict[str, np.ndarray] | N
             raise TremulaError(f"calibration inputs hold {n} samples, and the model cannot take them: {e}") from None
     refuse_oversize(build, g, chip, "float32", what=f"calibrating {g.name} on {n} samples", host_only=True)
     feeds = calibration_values(canonical(small), arrays)
-    return fp8_scales(g, feeds)
+    return lambda: fp8_scales(g, feeds)
 
 
 def _calibration_arrays(g: Graph, calibration: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:

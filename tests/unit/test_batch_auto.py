@@ -137,3 +137,31 @@ def test_a_plan_that_fits_nowhere_is_lowered_again_only_when_the_least_full_was_
     again = lowest_peak and least != len(full) - 1
     assert len(lowered) == len(full) + again
     assert pipeline.plan_fullness(mp, chip) == (full[least] if lowest_peak else full[-1])
+
+
+def test_fp8_auto_calibrates_beside_the_search_and_compiles_with_the_calibrated_scales(tmp_path):
+    """The search plans with all-zero scales while the calibration runs; the batch it answers is planned again with
+    the calibrated scales, and the Program compiled is the one a compile of that batch alone makes, byte for byte."""
+    res = compile_model("siglip-tiny", "c600", "auto", "fp8")
+    alone = compile_model("siglip-tiny", "c600", res.batch, "fp8")
+    for r, name in ((res, "auto"), (alone, "alone")):
+        r.program.meta = {}
+        save_program(r.program, tmp_path / name)
+    assert (tmp_path / "auto").read_bytes() == (tmp_path / "alone").read_bytes()
+    # the rate listed for the batch compiled is the calibrated plan's, as the compile reports it
+    rate = res.batch * load_chip("c600").clock_hz / res.throughput_cycles
+    assert res.auto["rates"][res.batch] == pytest.approx(rate, rel=1e-12)
+
+
+def test_fp8_auto_searches_again_when_the_calibrated_scales_do_not_fit(monkeypatch):
+    """When the batch the zero-scale search answers does not fit with the calibrated scales, the search runs again
+    with them: the compile answers what a search with the calibrated scales answers."""
+    import tremula.compiler as compiler
+    from tremula.fp8_calibration import calibrate
+
+    monkeypatch.setattr(compiler, "fits_at", lambda *a, **k: (False, True, None))
+    res = compile_model("bert-tiny", "c600", "auto", "fp8")
+    build = lambda b: load_model("bert-tiny", batch=b)
+    scales = calibrate(build, None, None, load_chip("c600"))
+    assert res.fits and res.auto["largest"] == find_max_batch(build, load_chip("c600"), "fp8", scales=scales,
+                                                              partials="half")

@@ -165,7 +165,9 @@ def decode(codes: np.ndarray, fmt: Fp8Format) -> np.ndarray:
 
 def dequantize(codes: np.ndarray, fmt: Fp8Format, scale: int = 0, dtype: str = "float32") -> np.ndarray:
     """FP8 codes -> values: quarter -> half is exact; the power-of-two scale is applied after, as the hardware does."""
-    return (decode(codes, fmt) * np.float32(2.0**scale)).astype(dtype)
+    out = decode(codes, fmt)  # a new array: scaled in place (the same float32 product), no copy for float32
+    out *= np.float32(2.0**scale)
+    return out.astype(dtype, copy=False)
 
 
 # code -> float32 value at scale 0 (quarter -> half -> float, all exact; the NaN code decodes to NaN)

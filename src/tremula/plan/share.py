@@ -81,6 +81,22 @@ def _key(b: np.ndarray, a: np.ndarray) -> np.ndarray:
     return (np.asarray(b, I64).reshape(-1) << 32) | np.asarray(a, I64).reshape(-1)
 
 
+def _pairs(b: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """The distinct (b, a) pairs of two buffer-id arrays of one shape, as _key values. Most columns name one buffer
+    throughout (an operand of every vertex, the source of every transfer): those need no hashing."""
+    b, a = np.asarray(b), np.asarray(a)
+    if b.ndim == 2:
+        return np.concatenate([_pairs(b[:, j], a[:, j]) for j in range(b.shape[1])]) if b.shape[1] else \
+            np.zeros(0, I64)
+    if len(b) and b.min() == b.max() and a.min() == a.max():
+        return _key(b[:1], a[:1])
+    return np.unique(_key(b, a))
+
+
+def _same(x: np.ndarray, y: np.ndarray) -> bool:
+    return x is y or np.array_equal(x, y)  # (a layer copied from its template shares its arrays: plan/replay.py)
+
+
 def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
     """Compare layer b's items with template a's: (step shift, buffer pairs [n, 2] as (b, a)) or None when they
     differ."""
@@ -94,17 +110,17 @@ def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
         if kind == 0:
             ga, gb = state.steps[ka].groups[ia], state.steps[kb].groups[ib]
             if (ga.codelet, ga.dtypes) != (gb.codelet, gb.dtypes) or ga.params.shape != gb.params.shape or \
-                    any(not np.array_equal(getattr(ga, f), getattr(gb, f)) for f in _GROUP_SAME) or \
+                    any(not _same(getattr(ga, f), getattr(gb, f)) for f in _GROUP_SAME) or \
                     ga.bufs.shape != gb.bufs.shape:
                 return None
-            pairs.append(np.unique(_key(gb.bufs, ga.bufs)))
+            pairs.append(_pairs(gb.bufs, ga.bufs))
         else:
             ta, tb = state.steps[ka].transfers[ia], state.steps[kb].transfers[ib]
             if len(ta) != len(tb) or len(ta.d_tile) != len(tb.d_tile) or \
-                    any(not np.array_equal(getattr(ta, f), getattr(tb, f)) for f in _TABLE_SAME):
+                    any(not _same(getattr(ta, f), getattr(tb, f)) for f in _TABLE_SAME):
                 return None
-            pairs.append(np.unique(_key(tb.src_buf, ta.src_buf)))
-            pairs.append(np.unique(_key(tb.d_buf, ta.d_buf)))
+            pairs.append(_pairs(tb.src_buf, ta.src_buf))
+            pairs.append(_pairs(tb.d_buf, ta.d_buf))
     u = np.unique(np.concatenate(pairs))
     pairs = np.stack([u >> 32, u & 0xFFFFFFFF], axis=1)
     # one-to-one, and each buffer like its counterpart: same kind, tiles and bytes
@@ -112,7 +128,7 @@ def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
         return None
     for pb, pa in pairs.tolist():
         sa, sb = state.bufs[pa], state.bufs[pb]
-        if is_w[pa] != is_w[pb] or not (np.array_equal(sa.tiles, sb.tiles) and np.array_equal(sa.sizes, sb.sizes)):
+        if is_w[pa] != is_w[pb] or not (_same(sa.tiles, sb.tiles) and _same(sa.sizes, sb.sizes)):
             return None
     return shift, pairs
 

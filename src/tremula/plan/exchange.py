@@ -43,11 +43,9 @@ class SymTransfers:
             return self
         return SymTransfers(*(a.astype(np.int32) for a in fields))
 
-    def widened(self) -> SymTransfers:
-        return SymTransfers(*(getattr(self, k).astype(I64) for k in self.__dataclass_fields__))
-
     @staticmethod
-    def concat(parts: list[SymTransfers]) -> SymTransfers:
+    def concat(parts: list[SymTransfers], dtype=None) -> SymTransfers:
+        """The tables one after another; with `dtype` (int64: to_program) made in it, without another copy."""
         parts = [p for p in parts if len(p)]
         if not parts:
             z = np.zeros(0, I64)
@@ -56,7 +54,7 @@ class SymTransfers:
         for p in parts:
             starts.append(p.dst_start[1:] + base)
             base += int(p.dst_start[-1])
-        cat = lambda k: np.concatenate([getattr(p, k) for p in parts])
+        cat = lambda k: np.concatenate([getattr(p, k) for p in parts], dtype=dtype)
         return SymTransfers(cat("src_tile"), cat("src_buf"), cat("src_rel"), cat("rows"), cat("row_bytes"),
                             cat("src_stride"), np.concatenate(starts), cat("d_tile"), cat("d_buf"), cat("d_rel"),
                             cat("d_stride"))

@@ -136,7 +136,7 @@ def to_program(state: LoweringState, chip, mp: MemoryPlan, live: Liveness, reser
         groups = [VertexGroup(g.codelet, g.dtypes, g.tiles.astype(np.int32), g.params.astype(I64),
                               (res(g.bufs, g.tiles[:, None]) + g.rels).astype(I64), g.shapes.astype(I64))
                   for g in st.groups]
-        t = SymTransfers.concat(st.transfers).widened()
+        t = SymTransfers.concat(st.transfers, I64)
         table = TransferTable(t.src_tile.astype(np.int32), res(t.src_buf, t.src_tile) + t.src_rel, t.rows,
                               t.row_bytes, t.src_stride, t.dst_start, t.d_tile.astype(np.int32),
                               res(t.d_buf, t.d_tile) + t.d_rel, t.d_stride)

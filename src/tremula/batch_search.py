@@ -110,7 +110,7 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     g, state, mp, live, reserved = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only,
                                               partials=partials, weights=weights, lowest_peak=False, fullness=tried)
     if mp.fits and rates is not None:
-        priced = price_plan(g, state, mp, live, reserved, chip, dtype, batch, shared_only)
+        priced = price_plan(g, state, mp, live, reserved, chip, dtype, batch, shared_only, make_program=False)
         rates[batch] = priced.rate
         if plans is not None:
             keep_fastest(plans, batch, priced)

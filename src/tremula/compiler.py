@@ -333,7 +333,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                                                    weights=weights)
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
-        priced = price_plan(g1, state, mp, live, reserved, chip, dt, 1)
+        priced = price_plan(g1, state, mp, live, reserved, chip, dt, 1, make_program=False)
         found: dict = {"rates": {1: priced.rate}}
         if getattr(state, "share_layers", False):  # plans without shared layers failed at batch 1 already
             found["shared_from"] = 1
@@ -372,6 +372,11 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     if kept is not None and kept.shared_only == shared_only:  # the search planned exactly this: reuse it
         g, state, mp, live, reserved = kept.graph, kept.state, kept.mp, kept.live, kept.reserved
         program, comp, exch, sync = kept.program, kept.compute, kept.exchange, kept.sync
+        if program is None:  # priced from its lowering state (plan/price.py): made now, and priced again to agree
+            program, *made = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
+            if tuple(made) != (comp, exch, sync):
+                raise TremulaError(f"internal: the plan's price from its lowering state {(comp, exch, sync)} is not "
+                                   f"its Program's {tuple(made)}")
     else:
         g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights)
         program = None

@@ -20,6 +20,7 @@ from tremula.ir.layers import find_layers
 from tremula.plan.finalize import StreamConflict, memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
 from tremula.plan.lower_ops import Lowerer, free_temp_fraction
+from tremula.plan.price import host_bytes, state_cycles
 from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers
 from tremula.program import Program, host_stream_bytes, streamed_weight_bytes
 from tremula.target.cost import host_transfer_cycles
@@ -146,7 +147,7 @@ class PricedPlan:
     mp: Any
     live: Any
     reserved: Any
-    program: Program
+    program: Program | None  # None: priced from the lowering state (plan/price.py), the Program not made yet
     compute: int
     exchange: int
     sync: int
@@ -155,11 +156,18 @@ class PricedPlan:
 
 
 def price_plan(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int, shared_only: bool = False,
-               progress: Progress | None = None) -> PricedPlan:
+               progress: Progress | None = None, make_program: bool = True) -> PricedPlan:
     """The plan's Program, its cycles (priced_program) and its modelled throughput: batch / (host in + forward +
-    host out), as CompileResult.throughput_cycles charges it (host transfers in series with the forward)."""
-    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
-    _, _, c_in, c_out = host_cycles(program, chip)
+    host out), as CompileResult.throughput_cycles charges it (host transfers in series with the forward).
+    make_program=False prices the plan from its lowering state (plan/price.py; the same numbers) and leaves the
+    Program to be made for the plan that is compiled, unless its weights stream (then it is made)."""
+    cycles = None if make_program else state_cycles(state, chip)
+    if cycles is None:
+        program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
+        _, _, c_in, c_out = host_cycles(program, chip)
+    else:
+        program, (comp, exch, sync) = None, cycles
+        c_in, c_out = (host_transfer_cycles(chip, b) for b in host_bytes(state))
     rate = batch * chip.clock_hz / (c_in + comp + exch + sync + c_out)
     return PricedPlan(g, state, mp, live, reserved, program, comp, exch, sync, rate, shared_only)
 

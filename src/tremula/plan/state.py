@@ -37,6 +37,9 @@ class SymGroup:
     rels: np.ndarray  # [n, A]
     shapes: np.ndarray  # [n, A, 2]
 
+    def __len__(self) -> int:  # vertices, as program.VertexGroup (target/step_cost.py prices either)
+        return len(self.tiles)
+
 
 @dataclass
 class SymStep:

@@ -403,7 +403,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         if mat is None:  # bring the reduced axes last: a [lead, red] matrix
             perm = keep + list(axes)
             idx = np.transpose(np.arange(xt.size, dtype=I64).reshape(xt.shape), perm).reshape(-1)
-            mat = self._move_elems(f"{x}@T{out}", [self.layout_of(x)], idx, lead, red, xt.dtype)
+            mat = self._move_elems(f"{x}@T@{out}", [self.layout_of(x)], idx, lead, red, xt.dtype)
         if node.op == "LayerNorm" and mat is not None and self._layernorm_blocks(node, mat):
             return
         mat = self.as_rows(mat, f"{x}@rows@{out}")

@@ -364,7 +364,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         elif node.op in BINARY_IDS:
             name, params = "binary", [BINARY_IDS[node.op]]
         elif node.op == "Fp8Quantize":
-            name = "fp8_cast"
+            name = "fp8_cast"  # scale and seed differ per layer: columns 1 and 3 (plan/replay.PER_LAYER_PARAMS)
             params = [format_id(node.attrs["fmt"]), int(node.attrs["scale"]),
                       int(node.attrs.get("rounding") == "stochastic"), int(node.attrs.get("seed", 0))]
         elif node.op == "Gelu":
@@ -823,7 +823,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             return "matmul", [has_bias] + ([group] if group else []), []
         a, (x, w) = node.attrs, node.inputs[:2]
         params = [has_bias, format_id(fp8_format(self.types[x].dtype)), format_id(fp8_format(self.types[w].dtype)),
-                  int(a["x_scale"]), int(a["group"])]
+                  int(a["x_scale"]), int(a["group"])]  # x_scale: column 3 (plan/replay.PER_LAYER_PARAMS)
         return "matmul_fp8", params, [(meta[0][live], meta[1][live], 1, 1)]
 
     def _linear_direct(self, node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias,

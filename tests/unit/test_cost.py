@@ -215,6 +215,28 @@ def test_gelu_is_its_elementwise_steps():
     assert cost.gelu_cycles(bow, 0, "fp16") == 0
 
 
+def test_c600_half_gelu_is_the_kernel_measured_there():
+    """../shared/reference/ipu-stack-facts.md 2.2: 2,208 half elements took 12,060 cycles (330 + 510 per 96)."""
+    c600 = CHIPS["c600"]
+    assert cost.gelu_cycles(c600, 2208, "fp16") == 12_060
+    assert cost.gelu_cycles(c600, 96 * 7 + 1, "float16") == 330 + 510 * 8
+    assert cost.gelu_cycles(c600, 0, "fp16") == 0
+    # float32 has no measured kernel: its elementwise steps, as on a chip without the table
+    plain = dataclasses.replace(c600, gelu_fp16=None)
+    assert cost.gelu_cycles(c600, 2208, "fp32") == cost.gelu_cycles(plain, 2208, "fp32")
+    assert cost.gelu_cycles(plain, 2208, "fp16") == 7_408 != cost.gelu_cycles(c600, 2208, "fp16")
+
+
+def test_a_measured_gelu_table_needs_all_its_fields(tmp_path):
+    from importlib import resources
+
+    text = (resources.files("tremula") / "chips" / "c600.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("block_elems = 96\n", ""))
+    with pytest.raises(TremulaError, match="gelu_fp16.block_elems"):
+        load_chip(str(bad))
+
+
 # ---- copy, exchange, sync, host -----------------------------------------------------------------------------------
 
 

@@ -141,6 +141,9 @@ class Chip:
     reduce_cycles_per_loop: int
     reduce_fp16_accumulator_elems: int
     reduce_fp32_accumulator_elems: int
+    # A measured half-precision GELU kernel, (fixed cycles, cycles per block, elements per block) of one tile, when the
+    # chip file has one ([vector.gelu_fp16]); else GELU is priced from its vector ops (target/cost.gelu_cycles).
+    gelu_fp16: tuple[int, int, int] | None = None
 
     # ---- lookups -------------------------------------------------------------------------------------------------
     def amp_pair(self, in_dtype: str, acc_dtype: str) -> AmpPair:
@@ -279,6 +282,8 @@ def _parse(text: str, where: str) -> Chip:
         reduce_cycles_per_loop=r.pos_int("reduce.cycles_per_loop"),
         reduce_fp16_accumulator_elems=r.pos_int("reduce.fp16_accumulator_elems"),
         reduce_fp32_accumulator_elems=r.pos_int("reduce.fp32_accumulator_elems"),
+        gelu_fp16=(r.nonneg_int("vector.gelu_fp16.fixed_cycles"), r.pos_int("vector.gelu_fp16.cycles_per_block"),
+                   r.pos_int("vector.gelu_fp16.block_elems")) if r.has("vector.gelu_fp16") else None,
     )
     r.check_no_unknown_keys()
     _check_consistency(chip, where)
@@ -360,6 +365,15 @@ class _Reader:
             node = node[part]
         self.used.add(dotted)
         return node
+
+    def has(self, dotted: str) -> bool:
+        """Whether an optional field or table is there."""
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
 
     def _fail(self, dotted: str, what: str, value: Any) -> TremulaError:
         return TremulaError(f"{self.kind} {self.where}: field '{dotted}' must be {what}, got {value!r}")

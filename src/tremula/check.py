@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from tremula.beside import beside
 from tremula.compiler import CompileResult, ModelSpec, builder, compile_model
 from tremula.errors import TremulaError
 from tremula.feeds import make_feeds
@@ -196,7 +196,7 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
     # about 2x on two cores (SigLIP so400m fp8: 182 s for the check, 141 s with one BLAS thread each)
     with threadpool_limits(1) if two else contextlib.nullcontext():
         early: dict[str, dict[str, np.ndarray]] = {}  # the matched reference, as soon as it is made
-        references = (_beside(_references, ref_graph, res, feeds, early) if two else
+        references = (beside(_references, ref_graph, res, feeds, early, name="tremula-references") if two else
                       lambda: _references(ref_graph, res, feeds, early))
         t0 = time.perf_counter()
         got = simulate(res.program, res.graph, feeds, check=check, progress=progress)  # host streams cast the inputs
@@ -241,29 +241,6 @@ def _references(ref_graph: Graph, res: CompileResult, feeds: dict[str, np.ndarra
 
         layers = layer_losses(_qdq_graph(ref_graph, res.graph), feeds)  # type: ignore[arg-type]
     return ref, matched, layers
-
-
-def _beside(fn, *args):
-    """fn(*args) started on a second thread; returns a function that waits for its result (raising its error). The
-    thread is a daemon: a simulation that fails ends the command without waiting for the references."""
-    box: dict = {}
-
-    def work():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # (handed to the caller, who raises it)
-            box["error"] = e
-
-    thread = threading.Thread(target=work, name="tremula-references", daemon=True)
-    thread.start()
-
-    def result():
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
-    return result
 
 
 def _user_arrays(model: ModelSpec, build, batch, inputs: dict[str, np.ndarray],

@@ -8,7 +8,6 @@ bytes by category and the largest batch that fits (found by planning only, never
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Union
 import numpy as np
 
 from tremula.batch_search import find_max_batch, fits_at, placeholder_scales, refuse_oversize
+from tremula.beside import beside
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibration_job
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
@@ -214,30 +214,6 @@ def _fixed_batch(model: ModelSpec) -> int | None:
     return fixed_batch(model)
 
 
-class _Background:
-    """A function run on a thread of its own (a daemon: a compile that fails does not wait for it); `result` waits
-    and returns what it returned or raises what it raised. FP8 calibration is NumPy on large arrays, which mostly
-    releases the interpreter lock, so it runs beside the planner's Python."""
-
-    def __init__(self, fn: Callable[[], dict[str, int]]):
-        self._out: list = []
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="tremula-calibrate")
-        self._thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            self._out.append((True, fn()))
-        except BaseException as e:  # handed to the caller of result()
-            self._out.append((False, e))
-
-    def result(self) -> dict[str, int]:
-        self._thread.join()
-        ok, value = self._out[0]
-        if not ok:
-            raise value
-        return value
-
-
 def _confirm_auto(build, chip, dt: str, largest: int, found: dict, scales: dict[str, int], partials: str,
                   weights: str, progress: Progress | None) -> int:
     """After a search with all-zero FP8 scales: plan the fastest batch it found and the largest with the calibrated
@@ -309,13 +285,14 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                                "pass batch=None")
         refuse_oversize(build, graph, chip, dt, weights=weights)
     shared_only = False
-    calibrating: _Background | None = None
+    calibrating: Callable[[], dict[str, int]] | None = None  # the calibration's result, when it runs beside
     if dt == "fp8" and scales is None:
         if progress:
             progress("calibrate", 0, 1)
         job = calibration_job(build, model if isinstance(model, Graph) else None, calibration, chip)
         if batch == "auto":
-            calibrating = _Background(job)  # beside the batch search (see below)
+            # beside the batch search (see below): NumPy on large arrays, which releases the interpreter lock
+            calibrating = beside(job, name="tremula-calibrate")
         else:
             scales = job()
     if batch == "auto":
@@ -331,6 +308,9 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         search_scales = scales if calibrating is None else {k: 0 for k in placeholder_scales(one)}
         g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=search_scales, partials=partials,
                                                    weights=weights)
+        if not mp.fits and calibrating is not None:  # the error reports the bytes of the calibrated plan
+            g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=calibrating(), partials=partials,
+                                                       weights=weights)
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
         priced = price_plan(g1, state, mp, live, reserved, chip, dt, 1, make_program=False)
@@ -352,7 +332,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         largest = find_max_batch(build, chip, dtype, progress=progress, scales=search_scales, one_fits=True,
                                  found=found, partials=partials, weights=weights)
         if calibrating is not None:
-            scales = calibrating.result()
+            scales = calibrating()
             largest = _confirm_auto(build, chip, dt, largest, found, scales, partials, weights, progress)
         # The fastest of the batches planned (a larger batch can be slower: more rounds, tighter budgets); on a tie
         # the larger.

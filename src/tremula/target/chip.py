@@ -357,23 +357,26 @@ class _Reader:
         self.kind = kind  # what the messages call the file ("chip file", "system file")
         self.used: set[str] = set()
 
-    def _get(self, dotted: str) -> Any:
+    _MISSING = object()
+
+    def _walk(self, dotted: str) -> Any:
         node: Any = self.data
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
-                raise TremulaError(f"{self.kind} {self.where}: field '{dotted}' is missing")
+                return self._MISSING
             node = node[part]
+        return node
+
+    def _get(self, dotted: str) -> Any:
+        node = self._walk(dotted)
+        if node is self._MISSING:
+            raise TremulaError(f"{self.kind} {self.where}: field '{dotted}' is missing")
         self.used.add(dotted)
         return node
 
     def has(self, dotted: str) -> bool:
         """Whether an optional field or table is there."""
-        node: Any = self.data
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return False
-            node = node[part]
-        return True
+        return self._walk(dotted) is not self._MISSING
 
     def _fail(self, dotted: str, what: str, value: Any) -> TremulaError:
         return TremulaError(f"{self.kind} {self.where}: field '{dotted}' must be {what}, got {value!r}")

@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Layer of each top-level part of the package (tremula.<part>[...]); the root package is the bottom layer.
 LAYER_OF = {
-    "target": "base", "errors": "base", "numerics": "base", "sorting": "base",
+    "target": "base", "errors": "base", "numerics": "base", "sorting": "base", "beside": "base",
     "ir": "ir",
     "frontends": "graph", "models": "graph", "passes": "graph", "export": "graph",
     "program": "program",

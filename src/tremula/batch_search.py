@@ -95,20 +95,23 @@ def placeholder_scales(graph: Graph) -> dict[str, int]:
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
             scales: dict[str, int] | None = None, shared_only: bool = False,
             partials: str = "float", rates: dict[int, float] | None = None,
-            plans: dict | None = None, weights: str = "auto") -> tuple[bool, bool, float | None]:
+            plans: dict | None = None, weights: str = "auto", from_budget: int = 0,
+            budget: list[int] | None = None) -> tuple[bool, bool, float | None]:
     """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares, how
     full (pipeline.plan_fullness) the fitting plan is, else the least full plan tried; None when not planned). A
     batch over the lower bound (limits.py) is answered without planning, and one no budget fits without lowering
     its least full plan again (plan_graph's lowest_peak=False). `rates`: a plan that fits has its modelled
     samples/s put there by batch (its Program priced as the compile prices it); `plans` (with rates):
-    the fastest plan so far is kept there whole (pipeline.keep_fastest), for the compile to reuse."""
+    the fastest plan so far is kept there whole (pipeline.keep_fastest), for the compile to reuse. from_budget /
+    budget: as in pipeline.plan_graph (`budget` gets nothing when the batch is not planned)."""
     graph = build(batch)
     (on_chip, on_host), (cap, host) = _needs(graph, dtype, weights), _caps(chip)
     if on_chip.total > cap or (host is not None and on_host.total > host):
         return False, True, None
     tried: list[float] = []
     g, state, mp, live, reserved = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only,
-                                              partials=partials, weights=weights, lowest_peak=False, fullness=tried)
+                                              partials=partials, weights=weights, lowest_peak=False, fullness=tried,
+                                              from_budget=from_budget, budget=budget)
     if mp.fits and rates is not None:
         priced = price_plan(g, state, mp, live, reserved, chip, dtype, batch, shared_only, make_program=False)
         rates[batch] = priced.rate
@@ -153,18 +156,26 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     shared_from = found.get("shared_from", limit + 1) if found is not None else limit + 1
 
     full: dict[int, float] = {}  # batch -> how full its plan is (fits_at), for the guesses below
+    # A batch above the largest that fitted so far starts at the budget that fitted it (pipeline.plan_graph's
+    # budgets, fastest first): the faster ones did not fit a smaller batch (BERT-base fp16 from batch 140 on: its
+    # two 0.23 plans, 2.3 s a probe). Like shared_from, a bet that plans grow with the batch.
+    start = {"batch": 0, "budget": 0}
 
     def ok(b: int) -> bool:
         nonlocal probes, shared_from
         probes += 1
         if progress:
             progress("batch search", probes, probes + 1)
+        at: list[int] = []
         fits, shared, f = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
-                                  rates=rates, plans=plans, weights=weights)
+                                  rates=rates, plans=plans, weights=weights,
+                                  from_budget=start["budget"] if b > start["batch"] else 0, budget=at)
         if shared:
             shared_from = min(shared_from, b)
         if f is not None:
             full[b] = f
+        if fits and at and b > start["batch"]:
+            start.update(batch=b, budget=at[0])
         return fits
 
     if not (one_fits if one_fits is not None else ok(1)):

@@ -248,12 +248,15 @@ def plan_fullness(mp, chip) -> float:
 
 def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
                scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float",
-               weights: str = "auto", lowest_peak: bool = True, fullness: list[float] | None = None):
+               weights: str = "auto", lowest_peak: bool = True, fullness: list[float] | None = None,
+               from_budget: int = 0, budget: list[int] | None = None):
     """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
     shared_only: skip the budgets without shared layers (the caller knows they do not fit). lowest_peak: when no
     plan fits, return the one with the lowest peak (lowered again if it was not the last tried) rather than the last
     one, whose memory plan still says it does not fit (a batch search needs no more); `fullness`, when given, gets
-    how full each plan tried is (plan_fullness). weights: "resident"
+    how full each plan tried is (plan_fullness). from_budget: the first budget to try (an index into this model's
+    budgets, which `budget`, when given, gets for the plan returned: a batch search starts a larger batch at the
+    budget that fitted a smaller one). weights: "resident"
     keeps every weight on the chip; "auto" streams the fewest layers' weights from host memory that make a
     shared-layer plan fit when it does not (before a tighter budget is tried); "streamed" streams every layer of
     each run of identical layers (plan/stream.py)."""
@@ -276,22 +279,34 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     # FREE: the operand budget of what the tiles have left (lower_ops.free_temp_fraction); a budget equal to the one
     # before it is not tried twice
     free = free_temp_fraction(g, chip) if any(b[0] is FREE for b in PLAN_BUDGETS) else 0.0
-    budgets: list[tuple[float, float | None, bool]] = []
+    # K rounds (plan/strategies.py): the first budget of each share mode takes them as the cost model likes them;
+    # when that plan does not fit, the same budget again and every later one take only the K rounds that need no
+    # more bytes than the plan without them (a retry skipped when the plan took none).
+    budgets: list[tuple[float, float | None, bool, str]] = []
     for frac, perm, share in PLAN_BUDGETS:
         b = (free if frac is FREE else frac, perm, share)
-        if not budgets or b != budgets[-1]:
-            budgets.append(b)
+        first = not any(x[2] == share for x in budgets)
+        if first or b != budgets[-1][:3]:
+            budgets += [(*b, "free"), (*b, "lean")] if first else [(*b, "lean")]
     last = -1  # the budget of the plan in hand
-    for i, (frac, perm, share) in enumerate(budgets):
-        if frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
+    retry_lean = False  # the plan in hand took free K rounds, does not fit, and lean ones might
+    for i, (frac, perm, share, k_rounds) in enumerate(budgets):
+        if i < from_budget or frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
                                                                          (shared_only or tried_shared)):
+            continue
+        if k_rounds == "lean" and last == i - 1 and budgets[last][:3] == (frac, perm, share) and not retry_lean:
             continue
         tried_shared, last = tried_shared or share, i
         plan = state = live = None  # drop the previous lowering before making the next
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
-                        layers=layers).lower()
+                        layers=layers, k_rounds=k_rounds).lower()
         mp, live, reserved = memory_plan(state, chip)
-        if share and weights != "resident" and (weights == "streamed" or not mp.fits):
+        # Retried lean (before any weights are streamed) unless the lean plan would be this one, or cannot fit either:
+        # lean K rounds change only one matmul's buffers at a time, no help when the overflow is more than the most
+        # they save (SigLIP so400m fp8 at batch 16: 70 KB over, 16 KB saved at most).
+        retry_lean = k_rounds == "free" and not mp.fits and \
+            0 < mp.peak_bytes - chip.sram_bytes_per_tile <= getattr(state, "lean_saves", 0)
+        if share and weights != "resident" and (weights == "streamed" or not (mp.fits or retry_lean)):
             mp, live, reserved = _streamed_plan(state, chip, mp, weights == "streamed") or (mp, live, reserved)
         plan = (state, mp, live, reserved)
         if fullness is not None:
@@ -321,10 +336,13 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     assert best is not None and plan is not None
     if best[1] != last and lowest_peak:
         plan = state = live = None
-        frac, perm, share = budgets[best[1]]
+        frac, perm, share, k_rounds = budgets[best[1]]
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
-                        layers=layers).lower()
+                        layers=layers, k_rounds=k_rounds).lower()
         plan = (state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies
+        last = best[1]
+    if budget is not None:
+        budget.append(last)
     if weights == "streamed" and getattr(state, "streaming", None) is None:
         raise TremulaError(f"--weights streamed: {graph.name} has no run of {MIN_RUN} or more identical layers whose "
                            "weights can be streamed; use --weights auto or resident")

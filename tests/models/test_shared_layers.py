@@ -101,7 +101,8 @@ def test_unshared_plans_are_unchanged_by_the_layer_machinery(monkeypatch):
 
 
 def _budgets_tried(monkeypatch) -> list[tuple]:
-    """The (operand fraction, permanent fraction, shared) of every lowering the planner makes, in order."""
+    """The (operand fraction, permanent fraction, shared) of every lowering the planner makes, in order (a budget
+    planned again with lean K rounds, pipeline.plan_graph, is a lowering of the same budget)."""
     tried = []
 
     class Counting(Lowerer):
@@ -124,9 +125,11 @@ def test_budgets_stop_after_the_shared_plan(monkeypatch, tmp_path):
     tried = _budgets_tried(monkeypatch)
     res = compiler.compile_model(siglip4, str(chip), 8, "fp16", require_fit=False)
     assert not res.fits
-    # (FREE is the fixed 0.12 on this chip, so each FREE budget equals the fixed one after it and is tried once)
-    assert tried[:3] == [(0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True)]
-    assert all(t in tried[:3] for t in tried[3:])  # at most the best one lowered again
+    # (FREE is the fixed 0.12 on this chip, so each FREE budget equals the fixed one after it and is tried once, and
+    # again with lean K rounds when the plan took any)
+    budgets = list(dict.fromkeys(tried))
+    assert budgets == [(0.12, None, False), (0.12, 0.4, False), (0.12, 0.4, True)]
+    assert all(tried.count(b) <= 3 for b in budgets)  # free, lean and the best one lowered again at most
 
 
 def test_shared_layers_are_tried_first_with_the_free_operand_budget(monkeypatch):

@@ -111,6 +111,32 @@ def test_the_search_finds_what_bisection_finds_in_fewer_probes(monkeypatch, grow
         assert len(probed) <= doubling + 2
 
 
+def test_a_larger_batch_starts_at_the_budget_that_fitted_a_smaller_one(monkeypatch):
+    """find_max_batch: every probe above the largest batch that fitted so far starts at the budget that plan came from
+    (pipeline.plan_graph's from_budget); one below it, or before any fitted, starts at the first."""
+    import tremula.batch_search as bs
+
+    calls: list[tuple[int, int]] = []
+
+    def fits_at(build, chip, dt, b, *args, from_budget=0, budget=None, **kwargs):
+        calls.append((b, from_budget))
+        fits = b <= 40
+        if budget is not None:
+            budget.append(max(from_budget, b // 8))  # tighter budgets as the batch grows
+        return fits, False, b / 40
+
+    monkeypatch.setattr(bs, "fits_at", fits_at)
+    monkeypatch.setattr(bs, "bound_limit", lambda *a, **k: 4096)
+    assert bs.find_max_batch(lambda b: None, load_chip(TINY16), "fp16") == 40
+    fitted: dict[int, int] = {}  # batch -> its budget
+    for b, start in calls:
+        below = [c for c in fitted if c < b]
+        assert start == (fitted[max(below)] if below and max(fitted) < b else 0), (b, start, fitted)
+        if b <= 40:
+            fitted[b] = max(start, b // 8)
+    assert any(start > 0 for _, start in calls)
+
+
 @pytest.mark.parametrize("batch", [16, 64])
 @pytest.mark.parametrize("lowest_peak", [True, False])
 def test_a_plan_that_fits_nowhere_is_lowered_again_only_when_the_least_full_was_not_the_last(monkeypatch, batch,

@@ -54,6 +54,13 @@ def first(params, j: int) -> int:
     return int(p[j] if p.ndim == 1 else p[0, j])
 
 
+def optional(params, j: int) -> int:
+    """Param j of the first vertex, 0 when the vertices have fewer params (a Program saved before the param, or a
+    trailing flag left off)."""
+    p = np.asarray(params)
+    return first(p, j) if p.shape[-1] > j else 0
+
+
 def column(params, j: int) -> np.ndarray:
     """Param j of every vertex, shaped to broadcast against [n, rows, cols] operands ([1, 1] for a single vertex)."""
     return np.asarray(params, np.int64)[..., j, None, None]

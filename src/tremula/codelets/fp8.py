@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tremula.codelets import first, register
-from tremula.numerics.amp import F16_MAX, half_partial_sums, store
+from tremula.codelets import first, optional, register
+from tremula.numerics.amp import F16_MAX, half_partial_sums, store, widen
 from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, decode, dequantize, quantize
 from tremula.target import cost, cost_terms
 
@@ -69,12 +69,13 @@ def _finite_codes(codes: np.ndarray, fmt: Fp8Format) -> bool:
 
 
 def amp_matmul_stack(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format, w_fmt: Fp8Format, x_scale: int,
-                     w_scale: np.ndarray, group: int) -> np.ndarray:
+                     w_scale: np.ndarray, group: int, init: np.ndarray | None = None) -> np.ndarray:
     """`amp_fp8_matmul` on a stack [n, m, k] @ [n, k, n'] with one weight scale per vertex (w_scale [n, 1, 1]).
 
     The same float32 products per group of K (one BLAS matmul per vertex and group, on the same strided blocks), the
     same scaling, clipping and rounding of the running sum to half after each group (numerics/amp.half_partial_sums,
-    which runs the vertices in blocks whose sums stay in cache), so the result is bit-identical.
+    which runs the vertices in blocks whose sums stay in cache), so the result is bit-identical. `init`: the half
+    partials a later K round continues (float32 half values), else +0.
     """
     x, w = decode(x_codes, x_fmt), decode(w_codes, w_fmt)
     n, m, k = x.shape
@@ -82,26 +83,30 @@ def amp_matmul_stack(x_codes: np.ndarray, w_codes: np.ndarray, x_fmt: Fp8Format,
     if not (_finite_codes(x_codes, x_fmt) and _finite_codes(w_codes, w_fmt) and np.isfinite(scale).all()):
         # NaN codes (or an infinite scale): let the half casts carry the NaNs as the reference does
         return _amp_with_half_casts([np.matmul(x[..., k0: k0 + group], w[..., k0: k0 + group, :])
-                                     for k0 in range(0, k, group)], scale)
-    return half_partial_sums(x, w, group, scale)  # (+0 start, as the reference's zero half partials)
+                                     for k0 in range(0, k, group)], scale, init)
+    return half_partial_sums(x, w, group, scale, init=init)  # (+0 start, as the reference's zero half partials)
 
 
-def _amp_with_half_casts(parts: list[np.ndarray], scale: np.ndarray) -> np.ndarray:
-    acc = np.zeros(parts[0].shape, np.float16)
+def _amp_with_half_casts(parts: list[np.ndarray], scale: np.ndarray, init: np.ndarray | None = None) -> np.ndarray:
+    acc = np.zeros(parts[0].shape, np.float16) if init is None else init.astype(np.float16)
     for part in parts:
         acc = np.clip(acc.astype(np.float32) + part * scale, -F16_MAX, F16_MAX).astype(np.float16)
     return acc.astype(np.float32)
 
 
 def _matmul_fp8(ops: list[np.ndarray], params) -> None:
-    # params: (has_bias, x format, w format, x scale, k group). operands: x codes [m,k] uint8,
-    # w codes [k,n] uint8, w scale [1,1] int8, (bias [1,n] half), out [m,n] (half; the half partials when K is split).
+    # params: (has_bias, x format, w format, x scale, k group[, accumulate]). operands: x codes [m,k] uint8,
+    # w codes [k,n] uint8, w scale [1,1] int8, (bias [1,n] half), (with accumulate: the half partials of the K rounds
+    # before, [m,n], at out's bytes), out [m,n] (half; the half partials when K is split).
     has_bias, xf, wf, xs, group = (first(params, j) for j in range(5))
     x, w, wscale, out = ops[0], ops[1], ops[2], ops[-1]
+    prev = ops[-2] if optional(params, 5) else None
     single = x.ndim == 2
     if single:
         x, w, wscale = x[None], w[None], wscale[None]
-    y = amp_matmul_stack(x, w, FORMATS[xf], FORMATS[wf], xs, wscale.reshape(len(x), -1)[:, :1, None], group)
+        prev = None if prev is None else prev[None]
+    y = amp_matmul_stack(x, w, FORMATS[xf], FORMATS[wf], xs, wscale.reshape(len(x), -1)[:, :1, None], group,
+                         None if prev is None else widen(prev))
     if has_bias:
         y = y + ops[3].astype(np.float32)
     store(out, y[0] if single else y)
@@ -109,7 +114,8 @@ def _matmul_fp8(ops: list[np.ndarray], params) -> None:
 
 def _matmul_fp8_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    c = cost.amp_matmul_cycles(chip, m, k, n, "fp8", "float16")  # the quarter -> half AMP path (C600 only)
+    # the quarter -> half AMP path (C600 only)
+    c = cost.amp_matmul_cycles(chip, m, k, n, "fp8", "float16", bool(optional(params, 5)))
     if params[0]:
         c += cost_terms.vector_cycles(chip, "add", m * n, "float16")
     return c

@@ -4,23 +4,20 @@ Every codelet takes a stack of vertices ([n, rows, cols] operands); the products
 matmuls on the stack, so half inputs are widened once (exactly) and rounded to half where the AMP writes half. Half
 inputs accumulate in float32 (float partials) or, when the vertex's `group` param is set, in half partials rounded
 after every group of that many input channels (numerics/amp.py); split-K partials are then half, and so is their sum.
-A Program without the param (saved before partials were a choice) means float partials.
+A Program without the param (saved before partials were a choice) means float partials. With half partials a vertex
+may continue the partials of the K rounds before it (its `accumulate` param; plan/strategies.py LinearStrategy.kchunk):
+they are read from the output's own bytes as an extra operand before the output, and the chunks are whole groups, so
+the rounds together give the bits of one vertex over all of K.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tremula.codelets import first, register
+from tremula.codelets import first, optional, register
 from tremula.numerics.amp import as_half, half_partial_sums, saturate_round_half, to_half, widen
 from tremula.numerics.jit import add_round_half, sum_half_parts
 from tremula.target import cost_terms
-
-
-def _param(params, j: int) -> int:
-    """Param j of the first vertex, 0 when the vertices have fewer params (an older Program)."""
-    p = np.asarray(params)
-    return first(p, j) if p.shape[-1] > j else 0
 
 
 def partials_of(codelet_name: str, params) -> str:
@@ -29,23 +26,26 @@ def partials_of(codelet_name: str, params) -> str:
     from tremula.codelets.attention import GROUP
 
     j = {"matmul": 1, "matmul_partial": 0, **GROUP}.get(codelet_name)
-    return "half" if j is not None and _param(params, j) else "float"
+    return "half" if j is not None and optional(params, j) else "float"
 
 
-def _half_stack(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
+def _half_stack(x: np.ndarray, w: np.ndarray, group: int, prev: np.ndarray | None = None) -> np.ndarray:
     """Half partials of a stack of vertices (one vertex run alone is a stack of one, so it takes the same BLAS calls
-    and gives the same bits as inside a stack: a group's float32 sum depends on the kernel that forms it)."""
+    and gives the same bits as inside a stack: a group's float32 sum depends on the kernel that forms it), continuing
+    `prev` (the half partials of the K rounds before) when given."""
     single = x.ndim == 2
-    y = half_partial_sums(widen(x)[None] if single else widen(x), widen(w)[None] if single else widen(w), group)
+    one = (lambda a: widen(a)[None]) if single else widen
+    y = half_partial_sums(one(x), one(w), group, init=None if prev is None else one(prev))
     return y[0] if single else y
 
 
 def _matmul(ops: list[np.ndarray], params) -> None:
-    # params: (has_bias[, group]): group > 0 means half partials. operands: x [m,k], w [k,n], (bias [1,n]), out [m,n]
+    # params: (has_bias[, group[, accumulate]]): group > 0 means half partials. operands: x [m,k], w [k,n],
+    # (bias [1,n]), (with accumulate: the half partials so far [m,n], at out's bytes), out [m,n]
     x, w, out = ops[0], ops[1], ops[-1]
-    group = _param(params, 1)
+    group = optional(params, 1)
     if group and x.dtype == np.float16:
-        y = _half_stack(x, w, group)
+        y = _half_stack(x, w, group, ops[-2] if optional(params, 2) else None)
         y = to_half(y) if out.dtype == np.float16 else y.astype(out.dtype)
     else:
         y = np.matmul(widen(x), widen(w)) if x.dtype == np.float16 else np.matmul(x, w.astype(x.dtype, copy=False))
@@ -57,7 +57,7 @@ def _matmul(ops: list[np.ndarray], params) -> None:
 
 def _matmul_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    c = cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul", params))
+    c = cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul", params), bool(optional(params, 2)))
     if params[0]:
         c += cost_terms.vector_cycles(chip, "add", m * n, dtypes[-1])
     return c
@@ -65,12 +65,12 @@ def _matmul_cycles(chip, params, shapes, dtypes) -> int:
 
 def _matmul_partial(ops: list[np.ndarray], params) -> None:
     # x [m,k] @ w [k,n] -> partial sums [m,n] (K was split over tiles; a reduce step adds the partials): float32, or
-    # half with params (group,)
-    x, w, out = ops
-    group = _param(params, 0)
+    # half with params (group[, accumulate]); with accumulate an operand before out holds the half partials so far
+    x, w, out = ops[0], ops[1], ops[-1]
+    group = optional(params, 0)
     if group:
-        y = _half_stack(x, w, group)  # half values: to_half gives astype's bits in a fraction of its time
-        if out.dtype == np.float16:
+        y = _half_stack(x, w, group, ops[-2] if optional(params, 1) else None)
+        if out.dtype == np.float16:  # half values: to_half gives astype's bits in a fraction of its time
             to_half(y, out)
         else:
             out[...] = y
@@ -80,7 +80,8 @@ def _matmul_partial(ops: list[np.ndarray], params) -> None:
 
 def _partial_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    return cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul_partial", params))
+    return cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul_partial", params),
+                                    bool(optional(params, 1)))
 
 
 def _reduce_partials(ops: list[np.ndarray], params) -> None:
@@ -89,7 +90,7 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
     # half partials), (bias [1,n]), out [m,n]. Float32 partials: own + the received ones. Half (`half` set): the
     # parts in part order (the own one at its index), rounded to half after every add and saturating, as the
     # reference sums them (the order matters once every add rounds).
-    n_parts, has_bias, half = first(params, 0), first(params, 1), _param(params, 2)
+    n_parts, has_bias, half = first(params, 0), first(params, 1), optional(params, 2)
     own, recv, out = ops[0], ops[1], ops[-1]
     m = own.shape[-2]
     if half:
@@ -133,7 +134,7 @@ def _reduce_partials(ops: list[np.ndarray], params) -> None:
 def _reduce_partials_cycles(chip, params, shapes, dtypes) -> int:
     m, n = shapes[-1]
     return cost_terms.vector_cycles(chip, "add", m * n * (params[0] - 1 + params[1]),
-                                    "float16" if _param(params, 2) else "float32")
+                                    "float16" if optional(params, 2) else "float32")
 
 
 register("matmul", _matmul, (-1,), _matmul_cycles, uniform=(0,))

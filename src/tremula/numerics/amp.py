@@ -49,13 +49,18 @@ def saturate_round_half(v: np.ndarray, a: np.ndarray | None = None, m: np.ndarra
     return v
 
 
-def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matmul=np.matmul) -> np.ndarray:
+def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matmul=np.matmul,
+                      init: np.ndarray | None = None) -> np.ndarray:
     """[.., m, k] @ [.., k, n] (float32 operands) -> float32 holding the half partials: the sum of each `group` of k
     (times `scale`, when given: the FP8 path's power of two, one per stack entry or one in all) added into the running
     half partial, clipped and rounded to half after every group. Rows of x (or entries of a stack) run in blocks whose
     sums stay in cache across the groups; every element is its own sum, so blocking changes no bit. `matmul` sums a
-    group's products (the matched reference passes other legal orders of the float32 sums)."""
+    group's products (the matched reference passes other legal orders of the float32 sums). `init`: the half
+    partials to continue (a later K round of the same sums: with whole groups before it, the same bits as one call
+    over all of K), else +0."""
     out = np.zeros(np.broadcast_shapes(x.shape[:-2], w.shape[:-2]) + (x.shape[-2], w.shape[-1]), np.float32)
+    if init is not None:
+        out[...] = init
     if w.ndim == 2:  # one weight matrix: blocks of x's rows
         x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, w.shape[-1])
         per = max(1, AMP_BLOCK // max(1, w.shape[-1]))

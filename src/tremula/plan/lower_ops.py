@@ -87,11 +87,15 @@ def free_temp_fraction(graph: Graph, chip) -> float:
 class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
                  temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False,
-                 layers: dict[str, LayerKey] | None = None, replay: bool = True):
+                 layers: dict[str, LayerKey] | None = None, replay: bool = True, k_rounds: str = "free"):
         super().__init__(chip.tiles)
         # node_key -> (run, index) of the repeated layers, found by structure (ir/layers.py) unless the caller did
         self.layers = find_layers(graph) if layers is None else layers
         self.temp_fraction, self.perm_fraction = temp_fraction, perm_fraction
+        self.k_rounds = k_rounds  # which K-round matmul plans to take (strategies.choose_linear)
+        # bytes a tile would save at most, in one matmul's temporaries, with lean K rounds instead of free ones
+        # (pipeline.plan_graph retries a plan that does not fit lean only when they could make it fit)
+        self.lean_saves = 0
         self.share_layers, self.replay = share_layers, replay  # replay: copy a run's first layer (plan/replay.py)
         self._init_layers()
         self.graph, self.chip, self.progress = graph, chip, progress
@@ -619,21 +623,23 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             st = self.paired.pop(node.name)
         elif nxt is not None:
             n2 = self.types[nxt.inputs[1]].shape[1]
-            st, self.paired[nxt.name] = min(
+            st, self.paired[nxt.name] = self._noting_lean(lambda rounds: min(
                 (choose_linear_pair(self.chip, m, k, n, n2, xt.dtype, self.types[nxt.inputs[0]].dtype, self.pm_max,
                                     self.temp_fraction, shape, self.perm_fraction, c, self._panel_parts(nxt.outputs[0]),
-                                    _partials(node), _partials(nxt)) for c in cuts),
-                key=lambda p: (p[0].over + p[1].over, p[0].cycles + p[1].cycles))
+                                    _partials(node), _partials(nxt), rounds) for c in cuts),
+                key=lambda p: (p[0].over + p[1].over, p[0].cycles + p[1].cycles)))
         else:
             # Output columns cut at head boundaries when attention reads them per head (its head views), or in the
             # residual stream's panels.
             pn_fix = self.head_parts.get(out, 0) or self._panel_parts(out)
-            st = self._cheapest_linear(m, k, n, xt.dtype, shape, pn_fix, cuts, _partials(node))
+            st, = self._noting_lean(lambda rounds: (self._cheapest_linear(m, k, n, xt.dtype, shape, pn_fix, cuts,
+                                                                          _partials(node), rounds),))
             if not col0 and self._fused_apart(node, st, m, k, shape, cuts):
                 return
         share = self._shared_x
         if share is not None and share.setdefault("key", st) != st:
             share = None  # (the parts chose otherwise than the whole's estimate: each gathers its own x)
+        assert share is None or not st.kchunk, "parts sharing a gathered x gather it whole (_fused_apart)"
         rounds = self._linear_rounds(node, col0, st, src, m, k, n, share)
         if share is not None:  # the parts' rounds are interleaved by _fused_apart: round u of every part, then u + 1
             share.setdefault("rounds", []).append(rounds)
@@ -642,12 +648,21 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 pass
 
     def _cheapest_linear(self, m: int, k: int, n: int, dtype: str, shape: SourceShape, pn_fix: int,
-                         cuts: tuple[int, ...], partials: str):
+                         cuts: tuple[int, ...], partials: str, k_rounds: str | None = None):
         """choose_linear at each K cut of `cuts` (0: a free one), the cheapest by choose_linear's own key (bytes over
         the budgets, then cycles; the first on a tie)."""
         return min((choose_linear(self.chip, m, k, n, dtype, self.pm_max, self.temp_fraction, shape, self.perm_fraction,
-                                  pn_fix=pn_fix, pk_fix=c, partials=partials) for c in cuts),
-                   key=lambda s: (s.over, s.cycles))
+                                  pn_fix=pn_fix, pk_fix=c, partials=partials, k_rounds=k_rounds or self.k_rounds)
+                    for c in cuts), key=lambda s: (s.over, s.cycles))
+
+    def _noting_lean(self, choose: Callable[[str], tuple]) -> tuple:
+        """choose(k_rounds) -> strategies, at this lowering's k_rounds; when free K rounds were taken, what lean ones
+        would save on a tile goes into lean_saves."""
+        got = choose(self.k_rounds)
+        if self.k_rounds == "free" and any(s.kchunk for s in got):
+            lean = choose("lean")
+            self.lean_saves = max(self.lean_saves, *(a.bytes_per_tile - b.bytes_per_tile for a, b in zip(got, lean)))
+        return got
 
     def _linear_rounds(self, node, col0: int, st, src, m: int, k: int, n: int, share: dict | None):
         """The Linear as planned (st): its tiles, weights, and round after round the operand gather and the products
@@ -683,16 +698,18 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         isz = np.dtype(xt.dtype).itemsize
         mi = mcuts[gi + 1] - mcuts[gi]
         chunk = cdiv(int(mi.max()), st.serial)
+        kc = st.kchunk or int(kl.max())  # columns of x a K round gathers (all of the tile's K slice: one round)
         gather = share is None or share["xbuf"] is None  # (a later part reads the first part's gathered x)
-        xbuf = self.new_buffer(f"{x}@{out}", "buffers", tl, chunk * kl * isz) if gather else share["xbuf"]
+        xbuf = self.new_buffer(f"{x}@{out}", "buffers", tl, chunk * np.minimum(kl, kc) * isz) if gather else \
+            share["xbuf"]
         if share is not None:
             share["tl"], share["xbuf"] = tl, xbuf
         if pk == 1:
             yield from self._linear_direct(node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias,
-                                           meta, gather)
+                                           meta, gather, kc)
         else:
             yield from self._linear_split_k(node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf,
-                                            wbuf, wrel, bias, meta, gather, share)
+                                            wbuf, wrel, bias, meta, gather, share, kc)
         self.strategies[node.name or out] = str(st) + (" half partials" if _partials(node) == "half" else "")
         if pk > 1:
             self.split_sums[node.outputs[0]] = ("k", tuple(int(c) for c in kcuts))
@@ -724,8 +741,9 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         # weight-block budget or the whole projection's own block (the unevenness the budget bounds).
         isz = np.dtype(self.types[node.inputs[1]].dtype).itemsize
         together = len(parts) * (k * n * isz // (one.pn * one.pk))
-        shared = together <= max(weight_block_budget(self.chip, self.temp_fraction),
-                                 k * n * len(parts) * isz // (st.pn * st.pk))
+        # (not in K rounds: the parts' partials would take turns in one buffer between a round's chunks)
+        shared = not one.kchunk and together <= max(weight_block_budget(self.chip, self.temp_fraction),
+                                                    k * n * len(parts) * isz // (st.pn * st.pk))
         apart = len(parts) * one.cycles - (len(parts) - 1) * operand_gather_cycles(self.chip, m, k, dtype, one) \
             if shared else len(parts) * one.cycles
         if headed and (one.over, apart) >= (st.over, st.cycles):
@@ -815,54 +833,68 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 return None
             value = c.outputs[0]
 
-    def _matmul_codelet(self, node, meta, live, has_bias: int) -> tuple[str, list, list]:
+    def _matmul_codelet(self, node, meta, live, has_bias: int, acc: bool = False) -> tuple[str, list, list]:
         """(codelet, params, extra operands after x and w): the FP8 path adds the weight-scale operand; half partials
-        add the AMP's group (codelets/matmul.py)."""
+        add the AMP's group (codelets/matmul.py); `acc`: a later K round, which adds into the partials so far."""
         if meta is None:
             group = int(node.attrs.get("group", 0)) if _partials(node) == "half" else 0
-            return "matmul", [has_bias] + ([group] if group else []), []
+            assert group or not acc, "K rounds need half partials"
+            return "matmul", [has_bias] + ([group] if group else []) + ([1] if acc else []), []
         a, (x, w) = node.attrs, node.inputs[:2]
         params = [has_bias, format_id(fp8_format(self.types[x].dtype)), format_id(fp8_format(self.types[w].dtype)),
                   int(a["x_scale"]), int(a["group"])]  # x_scale: column 3 (plan/replay.PER_LAYER_PARAMS)
-        return "matmul_fp8", params, [(meta[0][live], meta[1][live], 1, 1)]
+        return "matmul_fp8", params + ([1] if acc else []), [(meta[0][live], meta[1][live], 1, 1)]
 
     def _linear_direct(self, node, st, src, tl, gi, mcuts, ncuts, nj, k, chunk, xbuf, wbuf, wrel, bias,
-                       meta=None, gather: bool = True) -> None:
+                       meta=None, gather: bool = True, kc: int = 0) -> None:
+        """Whole K on each tile; in K rounds of kc columns (st.kchunk) the half partials build up in the output's
+        own bytes and the last round adds the bias."""
         x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
         xt, wt, ot = self.types[x], self.types[w], self.types[out]
-        isz, osz = np.dtype(xt.dtype).itemsize, np.dtype(ot.dtype).itemsize
+        isz, wsz, osz = (np.dtype(t.dtype).itemsize for t in (xt, wt, ot))
         pm, pn = len(mcuts) - 1, len(ncuts) - 1
         lay = self.alloc_layout(out + "@mm", mcuts[-1], ncuts[-1], ot.dtype, mcuts, ncuts, tl.reshape(pm, pn))
         orel = lay.rel.reshape(-1)
-        dtypes = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + ((ot.dtype,) if bias else ()) + (ot.dtype,)
+        kc = kc or k
+        ks = cdiv(k, kc)
         for u in range(st.serial):
             r0 = np.minimum(mcuts[gi] + u * chunk, mcuts[gi + 1])
             r1 = np.minimum(r0 + chunk, mcuts[gi + 1])
             live = r1 > r0
-            if gather:
-                self.exchange(gather_rects(src, r0[live], r1[live], 0, k, tl[live], xbuf, 0, k * isz))
             rows = (r1 - r0)[live]
-            codelet, params, extra = self._matmul_codelet(node, meta, live, int(bias is not None))
-            ops = [(xbuf, 0, rows, k), (wbuf[live], wrel[live], k, nj[live])] + extra
-            if bias:
-                ops.append((bias[0][live], bias[1][live], 1, nj[live]))
-            ops.append((lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * osz, rows, nj[live]))
-            self.compute([self.group(codelet, dtypes, tl[live], params, ops)], out,
-                         part=f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
+            res = (lay.buf, orel[live] + (r0 - mcuts[gi])[live] * nj[live] * osz, rows, nj[live])
+            for v in range(ks):
+                c0, c1 = v * kc, min(k, (v + 1) * kc)
+                if gather:
+                    self.exchange(gather_rects(src, r0[live], r1[live], c0, c1, tl[live], xbuf, 0, (c1 - c0) * isz))
+                last = v == ks - 1
+                codelet, params, extra = self._matmul_codelet(node, meta, live, int(bias is not None and last), v > 0)
+                ops = [(xbuf, 0, rows, c1 - c0), (wbuf[live], wrel[live] + c0 * nj[live] * wsz, c1 - c0, nj[live])]
+                ops += extra
+                if bias and last:
+                    ops.append((bias[0][live], bias[1][live], 1, nj[live]))
+                ops += [res] * (1 + (v > 0))  # a later round reads the partials so far, then writes them
+                dtypes = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + ((ot.dtype,) if bias and last else ()) \
+                    + (ot.dtype,) * (1 + (v > 0))
+                self.compute([self.group(codelet, dtypes, tl[live], params, ops)], out,
+                             part=_round_label(u, st.serial, v, ks))
             yield
         self.set_output(out, lay)
 
     def _linear_split_k(self, node, st, src, tl, gi, gj, gl, mcuts, ncuts, kcuts, nj, kl, chunk, xbuf, wbuf, wrel,
-                        bias, meta=None, gather: bool = True, share: dict | None = None):
+                        bias, meta=None, gather: bool = True, share: dict | None = None, kc: int = 0):
         """K split over pk tiles: each computes a float32 partial; the owner of each row slice sums them (+ bias).
         A generator: it yields after each round (the caller runs it through, or interleaves a fused projection's
         parts round by round). gather False: a fused projection's first part gathers x into xbuf in every round;
         with `share`, the parts also use one partials and one receive buffer (they are used one part after the
-        other)."""
+        other). In K rounds of kc columns (st.kchunk) each tile's partials build up over its slice's rounds before
+        the reduce."""
         x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
         xt, wt, ot = self.types[x], self.types[w], self.types[out]
-        isz = np.dtype(xt.dtype).itemsize
+        isz, wsz = np.dtype(xt.dtype).itemsize, np.dtype(wt.dtype).itemsize
         pm, pn, pk = len(mcuts) - 1, len(ncuts) - 1, len(kcuts) - 1
+        kc = kc or int(kl.max())
+        ks = cdiv(int(kl.max()), kc)
         nt = len(tl)
         # Output row blocks: for each i, round u and owner l, a slice of the round's rows (empty slices dropped).
         blocks_ = []  # (i, u, l, r0, r1)
@@ -906,18 +938,23 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             if not live.any():
                 yield
                 continue
-            if gather:
-                self.exchange(gather_rects(src, r0[live], r1[live], kcuts[gl][live], kcuts[gl + 1][live], tl[live],
-                                           xbuf, 0, kl[live] * isz))
-            rows = (r1 - r0)[live]
-            codelet, params, extra = self._matmul_codelet(node, meta, live, 0)
-            if meta is None:  # (the FP8 AMP writes its half partials itself)
-                codelet, params = "matmul_partial", ([int(node.attrs["group"])] if half else [])
-            ops = [(xbuf, 0, rows, kl[live]), (wbuf[live], wrel[live], kl[live], nj[live]), *extra,
-                   (pbuf, 0, rows, nj[live])]
-            dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,)
-            self.compute([self.group(codelet, dts, tl[live], params, ops)], out, "partials",
-                         f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
+            for v in range(ks):
+                a0 = kcuts[gl] + v * kc
+                a1 = np.minimum(a0 + kc, kcuts[gl + 1])
+                lv = live & (a1 > a0)  # (a tile's K slice may be a round shorter than the widest)
+                cols = (a1 - a0)[lv]
+                if gather:
+                    self.exchange(gather_rects(src, r0[lv], r1[lv], a0[lv], a1[lv], tl[lv], xbuf, 0, cols * isz))
+                rows = (r1 - r0)[lv]
+                codelet, params, extra = self._matmul_codelet(node, meta, lv, 0, v > 0)
+                if meta is None:  # (the FP8 AMP writes its half partials itself)
+                    assert half or ks == 1, "K rounds need half partials"
+                    codelet, params = "matmul_partial", ([int(node.attrs["group"])] if half else []) + [1] * (v > 0)
+                ops = [(xbuf, 0, rows, cols), (wbuf[lv], wrel[lv] + v * kc * nj[lv] * wsz, cols, nj[lv]), *extra]
+                ops += [(pbuf, 0, rows, nj[lv])] * (1 + (v > 0))  # a later round reads the partials so far
+                dts = (xt.dtype, wt.dtype) + (("int8",) if meta else ()) + (pdt,) * (1 + (v > 0))
+                self.compute([self.group(codelet, dts, tl[lv], params, ops)], out, "partials",
+                             _round_label(u, st.serial, v, ks))
             # Reduce-scatter: the slice owned by l goes from every other (i, j, l') to (i, j, l).
             rows_all = r1 - r0
             snd = np.repeat(idx, pk)
@@ -1014,6 +1051,13 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             return free
         return self._move_elems(f"{value}@mat", [lay], np.arange(lay.rows * lay.cols, dtype=I64),
                                 lay.rows * lay.cols // cols, cols, lay.dtype)
+
+
+def _round_label(u: int, serial: int, v: int, ks: int) -> str:
+    """A matmul step's round in its label: row round u of serial, K round v of ks (nothing for one round)."""
+    rows = f"{u + 1}/{serial}" if serial > 1 else ""
+    k = f"K {v + 1}/{ks}" if ks > 1 else ""
+    return f" ({rows}{', ' if rows and k else ''}{k})" if rows or k else ""
 
 
 def _partials(node) -> str:

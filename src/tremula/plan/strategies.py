@@ -58,9 +58,15 @@ class LinearStrategy:
     # copies of, for a few KB of exchange per tile.
     stream: bool = False
     over: int = 0  # bytes by which the busiest tile passes the planner's budgets (0: within them)
+    # Rounds over each tile's K slice within a round of rows: each gathers one chunk of the slice's columns and the
+    # AMP adds its products into the same running partials (output-stationary), so a round's rows can be many while
+    # its gathered block stays small. Half partials only (fp16 with half partials, FP8): chunks of whole AMP groups
+    # continue the running half sum exactly as one vertex would. kchunk: the columns of each K round (0: one round).
+    kchunk: int = 0
 
     def __str__(self) -> str:
         return (f"linear pm={self.pm} pn={self.pn} pk={self.pk} serial={self.serial}"
+                f"{f' kchunk={self.kchunk}' if self.kchunk else ''}"
                 f"{' streamed' if self.stream else ''} ~{self.cycles} cycles ~{self.bytes_per_tile} B/tile")
 
 
@@ -117,26 +123,65 @@ def permanent_bytes(chip, src: SourceShape, rows: int, serial: int, kl: int, pk:
     return int(serial * (vs + instr * code))
 
 
-def _gather_round_cycles(chip, m: int, k: int, isz: int, pm: int, pk: int, serial: int) -> int:
+def _gather_round_cycles(chip, m: int, k: int, isz: int, pm: int, pk: int, serial: int, kserial: int = 1,
+                         kc: int = 0) -> int:
     """Cycles of one round's operand gather: each tile receives its rows' K slice of x (sent by the tiles that hold
-    x, about evenly), and the sync that opens the exchange."""
+    x, about evenly), or one chunk of kc of its columns when the slice is gathered in kserial rounds, and the sync
+    that opens the exchange."""
     rows = cdiv(cdiv(m, pm), serial)
-    recv = rows * cdiv(k, pk) * isz
-    sent = cdiv(m * k * isz, min(chip.tiles, m * pk)) // serial
+    recv = rows * (kc or cdiv(k, pk)) * isz
+    sent = cdiv(m * k * isz, min(chip.tiles, m * pk)) // (serial * kserial)
     return cost_terms.exchange_cycles(chip, sent, recv) + cost_terms.sync_cycles(chip)
+
+
+def k_chunk(kl: int, kserial: int, group: int) -> int:
+    """Columns per K round when a K slice of kl is gathered in kserial rounds: whole AMP groups (the running half
+    partial is rounded after each group, so a chunk of whole groups continues it as one vertex would)."""
+    return kl if kserial <= 1 else cdiv(cdiv(kl, kserial), group) * group
+
+
+def k_rounds_cycles(chip, rows: int, kl: int, kc: int, nj: int, dtype: str, partials: str) -> int:
+    """AMP cycles of [rows, kl] x [kl, nj] in K rounds of kc columns (one vertex when kc >= kl): the first round
+    zeroes the partials, the later ones add into them (cost.amp_matmul_cycles accumulate)."""
+    if kc >= kl:
+        return cost_terms.matmul_cycles(chip, rows, kl, nj, dtype, partials)
+    ks = cdiv(kl, kc)
+    last = kl - (ks - 1) * kc
+    return (cost_terms.matmul_cycles(chip, rows, kc, nj, dtype, partials)
+            + (ks - 2) * cost_terms.matmul_cycles(chip, rows, kc, nj, dtype, partials, True)
+            + cost_terms.matmul_cycles(chip, rows, last, nj, dtype, partials, True))
 
 
 def operand_gather_cycles(chip, m: int, k: int, dtype: str, st: LinearStrategy) -> int:
     """The part of st.cycles that gathers x: what a projection lowered apart saves on each part after the first
     when the parts share one gathered operand (plan/lower_ops.py _fused_apart)."""
-    return st.serial * _gather_round_cycles(chip, m, k, np.dtype(dtype).itemsize, st.pm, st.pk, st.serial)
+    isz, kl = np.dtype(dtype).itemsize, cdiv(k, st.pk)
+    ks = cdiv(kl, st.kchunk or kl)
+    return st.serial * ks * _gather_round_cycles(chip, m, k, isz, st.pm, st.pk, st.serial, ks, st.kchunk)
+
+
+def _rounds(mi: int, kl: int, isz: int, temp_budget: float, group: int) -> list[tuple[int, int, int]]:
+    """(row rounds, K rounds, K chunk) worth pricing for a tile's mi rows and kl columns: the fewest row rounds whose
+    gathered block fits the operand budget, and 2x and 4x that (more rounds shrink the partials; the permanent bytes
+    grow with them); with `group` (half partials) also K in 2, 4 and 8 rounds of whole groups, which keep more rows
+    per round (the AMP's per-pass overheads are paid per round, so few rows are slow: SigLIP so400m fp8 b8's fc1 at
+    73 rows ran at 45 % of the AMP's peak)."""
+    out, seen = [], set()
+    for ks in [1] + ([2, 4, 8] if group else []):
+        kc = k_chunk(kl, ks, group)
+        if kc in seen or (ks > 1 and kc >= kl):
+            continue
+        seen.add(kc)
+        s0 = max(1, min(mi, cdiv(mi * kc * isz, int(temp_budget))))
+        out += [(serial, cdiv(kl, kc), kc) for serial in sorted({s0, min(mi, 2 * s0), min(mi, 4 * s0)})]
+    return out
 
 
 @lru_cache(maxsize=4096)
 def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                   temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
                   perm_fraction: float | None = None, pn_fix: int = 0, pk_fix: int = 0,
-                  partials: str = "float") -> LinearStrategy:
+                  partials: str = "float", k_rounds: str = "free") -> LinearStrategy:
     """Pick (pm, pn, pk, serial) minimising estimated cycles, subject to the weight, temp and permanent budgets.
     partials "half": the AMP's half partials (passes/precision.with_partials), priced on their AMP path, and split-K
     partials exchanged and summed in half.
@@ -145,6 +190,10 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     all matmuls together may take; None leaves them unbudgeted (the fastest plans, when they fit).
 
     pn_fix / pk_fix (when not 0): only that many output-column / K parts (see choose_linear_pair).
+
+    k_rounds: "free" prices K rounds (LinearStrategy.kchunk) like every other candidate; "lean" takes them only where
+    they need no more bytes on the tile than the best plan without them (pipeline.plan_graph's retry when a plan
+    with free K rounds does not fit); "none" never.
 
     Cached on its arguments: identical layers (same shapes) are planned once.
     """
@@ -160,9 +209,13 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     half = partials == "half" and (dtype == "float16" or fp8)
     psz = 2 if fp8 or half else 4  # split-K partials: the FP8 AMP's are half, and half partials
     temp_budget = max(temp_fraction * sram, 1)
+    # K rounds need half partials (their running sum is continued exactly); their chunks are whole AMP groups
+    group = chip.amp_pair("fp8" if fp8 else "fp16", "fp16").weights_per_conv_unit if (fp8 or half) and \
+        k_rounds != "none" else 0
     block_budget = weight_block_budget(chip, temp_fraction)
     sync = cost_terms.sync_cycles(chip)
-    best: tuple | None = None
+    best: LinearStrategy | None = None  # the cheapest without K rounds
+    rounds: list[LinearStrategy] = []  # candidates in K rounds
     for pn in [pn_fix] if pn_fix else _candidates(n, tiles):
         nj = cdiv(n, pn)
         for pk in [pk_fix] if pk_fix else _candidates(k, tiles // pn):
@@ -174,13 +227,11 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
             full = max(1, min(m, tiles // (pn * pk)))
             for pm, stream in [(rep, False)] + ([(full, True)] if full > rep else []):
                 mi = cdiv(m, pm)
-                s0 = max(1, min(mi, cdiv(mi * kl * isz, int(temp_budget))))
-                # More rounds than the operand block needs shrink the partials; the permanent bytes grow with them.
-                for serial in sorted({s0, min(mi, 2 * s0), min(mi, 4 * s0)}):
+                for serial, ks, kc in _rounds(mi, kl, isz, temp_budget, group):
                     rows = cdiv(mi, serial)
-                    comp = cost_terms.matmul_cycles(chip, rows, kl, nj, dtype, partials)
-                    ex = _gather_round_cycles(chip, m, k, isz, pm, pk, serial)
-                    mem = wbytes + rows * kl * isz + mi * nj * osz // pk
+                    comp = k_rounds_cycles(chip, rows, kl, kc, nj, dtype, partials)
+                    ex = ks * _gather_round_cycles(chip, m, k, isz, pm, pk, serial, ks, kc)
+                    mem = wbytes + rows * kc * isz + mi * nj * osz // pk
                     if pk > 1:
                         sub = cdiv(rows, pk)
                         part = rows * nj * psz
@@ -201,13 +252,21 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                         # 7 row groups, to fit the budget share it had inflated that way).
                         used = max(pm * pn * pk, tiles // 2)
                         share = max(1.0, src.n_linear * used / tiles)
-                        perm = permanent_bytes(chip, src, rows, serial, kl, pk, pn)
+                        perm = permanent_bytes(chip, src, rows, serial * ks, kc, pk, pn)
                         over += max(0, perm - perm_fraction * sram / share)
-                    key = (over, total)
-                    if best is None or key < best[0]:
-                        best = (key, LinearStrategy(pm, pn, pk, serial, int(total), int(mem), stream, int(over)))
+                    cand = LinearStrategy(pm, pn, pk, serial, int(total), int(mem), stream, int(over),
+                                          kc if ks > 1 else 0)
+                    if ks > 1:
+                        rounds.append(cand)
+                    elif best is None or (over, total) < (best.over, best.cycles):
+                        best = cand
     assert best is not None
-    return best[1]
+    # Lean: K rounds only where they take no more of the tile than the best plan without them. The budgets above are
+    # heuristics: a K-round plan that spends more of them on its larger rounds made BERT-base fp16 batch 128's
+    # fastest plan 51 KB fuller, and it did not fit.
+    if k_rounds == "lean":
+        rounds = [r for r in rounds if r.over <= best.over and r.bytes_per_tile <= best.bytes_per_tile]
+    return min(rounds + [best], key=lambda r: (r.over, r.cycles))
 
 
 @lru_cache(maxsize=1024)
@@ -215,24 +274,25 @@ def choose_linear_pair(chip, m: int, k: int, n: int, n2: int, dtype: str, dtype2
                        temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
                        perm_fraction: float | None = None, pk_fix: int = 0,
                        pn2_fix: int = 0, partials: str = "float",
-                       partials2: str = "float") -> tuple[LinearStrategy, LinearStrategy]:
+                       partials2: str = "float", k_rounds: str = "free") -> tuple[LinearStrategy, LinearStrategy]:
     """Strategies for x[m, k] @ W1[k, n] followed (through element-wise ops) by h[m, n] @ W2[n, n2], such that the
     second's K parts are exactly the first's output-column blocks: every tile of the second then gathers whole
     source blocks, contiguous on both sides, and its exchange code does not grow with the rows (mismatched cuts
     cost one instruction per row and block on both sides: SigLIP so400m's fc2 took 140 of its 190 KB of exchange
     code per tile at batch 1). Minimises the two ops' cycles, over the first's column splits that the second can
-    use as K splits. pk_fix: the first's K parts, pn2_fix: the second's output-column parts, when fixed."""
+    use as K splits. pk_fix: the first's K parts, pn2_fix: the second's output-column parts, when fixed. k_rounds: as
+    in choose_linear, for both."""
     # As in choose_linear: a fixed cut with more parts than the chip has tiles is dropped (pn = 1 then always fits).
     pk_fix, pn2_fix = (pk_fix if pk_fix <= chip.tiles else 0), (pn2_fix if pn2_fix <= chip.tiles else 0)
     best: tuple | None = None
     for pn in _candidates(n, chip.tiles // max(pk_fix, 1)):
         first = choose_linear(chip, m, k, n, dtype, pm_max, temp_fraction, src, perm_fraction, pn_fix=pn,
-                              pk_fix=pk_fix, partials=partials)
+                              pk_fix=pk_fix, partials=partials, k_rounds=k_rounds)
         src2 = None if src is None else SourceShape(cdiv(m, first.pm), cdiv(n, pn), src.out_rows, src.n_linear, pn)
         if pn * max(pn2_fix, 1) > chip.tiles:
             continue
         second = choose_linear(chip, m, n, n2, dtype2, pm_max, temp_fraction, src2, perm_fraction, pn_fix=pn2_fix,
-                               pk_fix=pn, partials=partials2)
+                               pk_fix=pn, partials=partials2, k_rounds=k_rounds)
         key = (first.over + second.over, first.cycles + second.cycles, pn)
         if best is None or key < best[0]:
             best = (key, (first, second))

@@ -53,7 +53,8 @@ def _amp_inner_cycles(chip: Chip, pair: AmpPair, m: int, zeroing: bool) -> int:
     return max(workers * max(per_worker), workers * min(per_worker) + chip.amp_worker_tag_cycles)
 
 
-def amp_matmul_cycles(chip: Chip, m: int, k: int, n: int, in_dtype: str, acc_dtype: str) -> int:
+def amp_matmul_cycles(chip: Chip, m: int, k: int, n: int, in_dtype: str, acc_dtype: str,
+                      accumulate: bool = False) -> int:
     """Cycles of one tile's AMP vertex computing [m,k] x [k,n] with `in_dtype` inputs accumulating in `acc_dtype`.
 
     Structure of poplibs' ConvPartial1x1 supervisor estimator (lib/poplin/PerformanceEstimation.hpp; ref §3), with the
@@ -69,6 +70,8 @@ def amp_matmul_cycles(chip: Chip, m: int, k: int, n: int, in_dtype: str, acc_dty
       total = supervisor_cycles + out_group_cycles x out_groups + in_group_cycles x (in_groups - 1)
               + workers x (retention_worker_savings + retention_supervisor_per_input_group x (in_groups - 1))
               + out_groups x [pass(zeroing) + (in_groups - 1) x pass(no zeroing)]
+    accumulate: the vertex adds into partials an earlier vertex left (a later K round, plan/strategies.py): no pass
+    zeroes the accumulators, so the first is priced as the later ones (poplibs' non-zeroing partials).
     Known simplifications: poplibs' worklist splitting of very long row ranges and conv groups are not modelled; the
     0-row worker cost is taken as 0 (poplibs: ~20 cycles when a worker is started with nothing to do).
     """
@@ -81,7 +84,7 @@ def amp_matmul_cycles(chip: Chip, m: int, k: int, n: int, in_dtype: str, acc_dty
     out_groups = _cdiv(n, pair.conv_units)
     in_bytes = {"fp32": 4, "fp16": 2, "fp8": 1}[pair.in_dtype]
     weight_load = _cdiv(pair.conv_units * pair.weights_per_conv_unit * in_bytes, chip.amp_coeff_load_bytes_per_cycle)
-    first_pass = pair.pass_cycles + weight_load + _amp_inner_cycles(chip, pair, m, zeroing=True)
+    first_pass = pair.pass_cycles + weight_load + _amp_inner_cycles(chip, pair, m, zeroing=not accumulate)
     later_pass = pair.pass_cycles + weight_load + _amp_inner_cycles(chip, pair, m, zeroing=False)
     retention = chip.workers_per_tile * (
         pair.retention_worker_savings_cycles + pair.retention_supervisor_cycles_per_input_group * (in_groups - 1)

@@ -41,8 +41,9 @@ def state_cycles(state, chip) -> tuple[int, int, int] | None:
         return None
     sharing = getattr(state, "sharing", None)
     comp = exch = sync = 0
+    memo: dict = {}
     for k, s in enumerate(state.steps):
-        c, e, y = step_cycles(chip, _StateStep(s, k, sharing))
+        c, e, y = step_cycles(chip, _StateStep(s, k, sharing), memo)
         comp, exch, sync = comp + c, exch + e, sync + y
     return comp, exch, sync
 

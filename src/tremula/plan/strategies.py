@@ -197,6 +197,22 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
 
     Cached on its arguments: identical layers (same shapes) are planned once.
     """
+    best, rounds = _priced(chip, m, k, n, dtype, pm_max, temp_fraction, src, perm_fraction, pn_fix, pk_fix, partials,
+                           k_rounds != "none")
+    # Lean: K rounds only where they take no more of the tile than the best plan without them. The budgets (_priced)
+    # are heuristics: a K-round plan that spends more of them on its larger rounds made BERT-base fp16 batch 128's
+    # fastest plan 51 KB fuller, and it did not fit.
+    if k_rounds == "lean":
+        rounds = tuple(r for r in rounds if r.over <= best.over and r.bytes_per_tile <= best.bytes_per_tile)
+    return min(rounds + (best,), key=lambda r: (r.over, r.cycles))
+
+
+@lru_cache(maxsize=4096)
+def _priced(chip, m: int, k: int, n: int, dtype: str, pm_max: int, temp_fraction: float, src: SourceShape | None,
+            perm_fraction: float | None, pn_fix: int, pk_fix: int, partials: str,
+            with_rounds: bool) -> tuple[LinearStrategy, tuple[LinearStrategy, ...]]:
+    """choose_linear's candidates: (the cheapest without K rounds, every candidate in K rounds), by (bytes over the
+    budgets, cycles); a plan and its lean retry price them once."""
     tiles, sram = chip.tiles, chip.sram_bytes_per_tile
     # A fixed cut is a preference (whole source blocks, contiguous gathers), not a need: on a chip with fewer tiles
     # than the cut has parts (12 heads on a 3-tile chip) it is dropped, else no candidate would be left.
@@ -211,7 +227,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     temp_budget = max(temp_fraction * sram, 1)
     # K rounds need half partials (their running sum is continued exactly); their chunks are whole AMP groups
     group = chip.amp_pair("fp8" if fp8 else "fp16", "fp16").weights_per_conv_unit if (fp8 or half) and \
-        k_rounds != "none" else 0
+        with_rounds else 0
     block_budget = weight_block_budget(chip, temp_fraction)
     sync = cost_terms.sync_cycles(chip)
     best: LinearStrategy | None = None  # the cheapest without K rounds
@@ -261,12 +277,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
                     elif best is None or (over, total) < (best.over, best.cycles):
                         best = cand
     assert best is not None
-    # Lean: K rounds only where they take no more of the tile than the best plan without them. The budgets above are
-    # heuristics: a K-round plan that spends more of them on its larger rounds made BERT-base fp16 batch 128's
-    # fastest plan 51 KB fuller, and it did not fit.
-    if k_rounds == "lean":
-        rounds = [r for r in rounds if r.over <= best.over and r.bytes_per_tile <= best.bytes_per_tile]
-    return min(rounds + [best], key=lambda r: (r.over, r.cycles))
+    return best, tuple(rounds)
 
 
 @lru_cache(maxsize=1024)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from functools import lru_cache
 
 from tremula.errors import TremulaError
 from tremula.target.chip import AmpPair, Chip, normalize_dtype
@@ -53,6 +54,8 @@ def _amp_inner_cycles(chip: Chip, pair: AmpPair, m: int, zeroing: bool) -> int:
     return max(workers * max(per_worker), workers * min(per_worker) + chip.amp_worker_tag_cycles)
 
 
+# cached: the planner prices the same tile shapes for many candidates (a pure function of ints and a frozen chip)
+@lru_cache(maxsize=1 << 16)
 def amp_matmul_cycles(chip: Chip, m: int, k: int, n: int, in_dtype: str, acc_dtype: str,
                       accumulate: bool = False) -> int:
     """Cycles of one tile's AMP vertex computing [m,k] x [k,n] with `in_dtype` inputs accumulating in `acc_dtype`.

@@ -42,14 +42,22 @@ def distinct_vertices(group) -> tuple[list[tuple[int, ...]], list[list[tuple[int
     return params, shapes, inv.reshape(-1)
 
 
-def vertex_cycles(chip, group) -> np.ndarray:
-    """int64 [n]: each vertex's cycle estimate, by its codelet's registered formula."""
+def vertex_cycles(chip, group, memo: dict | None = None) -> np.ndarray:
+    """int64 [n]: each vertex's cycle estimate, by its codelet's registered formula. `memo` (a caller's dict, alive no
+    longer than the groups it prices): groups holding the very same params and shapes arrays are priced once (a
+    copied layer's steps share them with its template's, plan/replay.py)."""
+    key = (group.codelet, group.dtypes, id(group.params), id(group.shapes)) if memo is not None else None
+    if key in memo if memo is not None else False:
+        return memo[key]
     fn = VERTEX_CYCLES.get(group.codelet)
     if fn is None:
         raise TremulaError(f"no cycle estimate for codelet {group.codelet!r}: its module in tremula.codelets "
                            f"registers one when imported")
     params, shapes, inv = distinct_vertices(group)
-    return np.array([fn(chip, pr, sh, group.dtypes) for pr, sh in zip(params, shapes)], I64)[inv]
+    out = np.array([fn(chip, pr, sh, group.dtypes) for pr, sh in zip(params, shapes)], I64)[inv]
+    if memo is not None:
+        memo[key] = out
+    return out
 
 
 @dataclass
@@ -66,13 +74,13 @@ class StepCost:
         return self.compute, self.exchange, self.sync
 
 
-def price_step(chip, step, tiles: int | None = None) -> StepCost:
-    """The cost of one step on a chip of `tiles` tiles (the chip's own by default)."""
+def price_step(chip, step, tiles: int | None = None, memo: dict | None = None) -> StepCost:
+    """The cost of one step on a chip of `tiles` tiles (the chip's own by default); `memo`: as in vertex_cycles."""
     tiles = chip.tiles if tiles is None else tiles
     comp = np.zeros(tiles, I64)
     for g in step.compute:
         if len(g):
-            comp += np.bincount(g.tiles, weights=vertex_cycles(chip, g), minlength=tiles).astype(I64)
+            comp += np.bincount(g.tiles, weights=vertex_cycles(chip, g, memo), minlength=tiles).astype(I64)
     if step.call is not None:  # a shared layer: rewriting its fields and setting its weight base come first
         comp += cost_terms.call_cycles(step.patch_words(tiles), step.base_tiles(tiles))
     ex = step.exchange
@@ -85,6 +93,6 @@ def price_step(chip, step, tiles: int | None = None) -> StepCost:
     return StepCost(comp, int(comp.max(initial=0)), exc, cost_terms.sync_cycles(chip), sent, recv)
 
 
-def step_cycles(chip, step) -> tuple[int, int, int]:
+def step_cycles(chip, step, memo: dict | None = None) -> tuple[int, int, int]:
     """(compute, exchange, sync) cycles of one step: busiest tile's vertices, busiest tile's exchange, one sync."""
-    return price_step(chip, step).cycles
+    return price_step(chip, step, memo=memo).cycles

@@ -157,8 +157,9 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
 
     full: dict[int, float] = {}  # batch -> how full its plan is (fits_at), for the guesses below
     # A batch above the largest that fitted so far starts at the budget that fitted it (pipeline.plan_graph's
-    # budgets, fastest first): the faster ones did not fit a smaller batch (BERT-base fp16 from batch 140 on: its
-    # two 0.23 plans, 2.3 s a probe). Like shared_from, a bet that plans grow with the batch.
+    # budgets, fastest first): the faster ones did not fit a smaller batch (BERT-base fp16 at batch 141, after 140
+    # fitted only at 0.12: its two 0.23 plans skipped, 7.6 -> 3.9 s). Like shared_from, a bet that plans grow with
+    # the batch.
     start = {"batch": 0, "budget": 0}
 
     def ok(b: int) -> bool:

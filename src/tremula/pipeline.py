@@ -281,7 +281,7 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     free = free_temp_fraction(g, chip) if any(b[0] is FREE for b in PLAN_BUDGETS) else 0.0
     # K rounds (plan/strategies.py): the first budget of each share mode takes them as the cost model likes them;
     # when that plan does not fit, the same budget again and every later one take only the K rounds that need no
-    # more bytes than the plan without them (a retry skipped when the plan took none).
+    # more bytes than the plan without them (the retry made only when they could save the overflow).
     budgets: list[tuple[float, float | None, bool, str]] = []
     for frac, perm, share in PLAN_BUDGETS:
         b = (free if frac is FREE else frac, perm, share)

@@ -165,7 +165,7 @@ def _rounds(mi: int, kl: int, isz: int, temp_budget: float, group: int) -> list[
     gathered block fits the operand budget, and 2x and 4x that (more rounds shrink the partials; the permanent bytes
     grow with them); with `group` (half partials) also K in 2, 4 and 8 rounds of whole groups, which keep more rows
     per round (the AMP's per-pass overheads are paid per round, so few rows are slow: SigLIP so400m fp8 b8's fc1 at
-    73 rows ran at 45 % of the AMP's peak)."""
+    73 rows a round runs at 45 % of the AMP's peak; ViT-B fp16 b32's fc1 and fc2 in K rounds: 3,304 -> 3,413 img/s)."""
     out, seen = [], set()
     for ks in [1] + ([2, 4, 8] if group else []):
         kc = k_chunk(kl, ks, group)
@@ -204,7 +204,7 @@ def choose_linear(chip, m: int, k: int, n: int, dtype: str, pm_max: int,
     # fastest plan 51 KB fuller, and it did not fit.
     if k_rounds == "lean":
         rounds = tuple(r for r in rounds if r.over <= best.over and r.bytes_per_tile <= best.bytes_per_tile)
-    return min(rounds + (best,), key=lambda r: (r.over, r.cycles))
+    return min((best,) + rounds, key=lambda r: (r.over, r.cycles))  # (one round on a tie)
 
 
 @lru_cache(maxsize=4096)

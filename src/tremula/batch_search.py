@@ -160,23 +160,23 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     # budgets, fastest first): the faster ones did not fit a smaller batch (BERT-base fp16 at batch 141, after 140
     # fitted only at 0.12: its two 0.23 plans skipped, 7.6 -> 3.9 s). Like shared_from, a bet that plans grow with
     # the batch.
-    start = {"batch": 0, "budget": 0}
+    start_batch = start_budget = 0
 
     def ok(b: int) -> bool:
-        nonlocal probes, shared_from
+        nonlocal probes, shared_from, start_batch, start_budget
         probes += 1
         if progress:
             progress("batch search", probes, probes + 1)
         at: list[int] = []
         fits, shared, f = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
                                   rates=rates, plans=plans, weights=weights,
-                                  from_budget=start["budget"] if b > start["batch"] else 0, budget=at)
+                                  from_budget=start_budget if b > start_batch else 0, budget=at)
         if shared:
             shared_from = min(shared_from, b)
         if f is not None:
             full[b] = f
-        if fits and at and b > start["batch"]:
-            start.update(batch=b, budget=at[0])
+        if fits and at and b > start_batch:
+            start_batch, start_budget = b, at[0]
         return fits
 
     if not (one_fits if one_fits is not None else ok(1)):

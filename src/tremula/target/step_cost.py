@@ -43,12 +43,14 @@ def distinct_vertices(group) -> tuple[list[tuple[int, ...]], list[list[tuple[int
 
 
 def vertex_cycles(chip, group, memo: dict | None = None) -> np.ndarray:
-    """int64 [n]: each vertex's cycle estimate, by its codelet's registered formula. `memo` (a caller's dict, alive no
-    longer than the groups it prices): groups holding the very same params and shapes arrays are priced once (a
-    copied layer's steps share them with its template's, plan/replay.py)."""
-    key = (group.codelet, group.dtypes, id(group.params), id(group.shapes)) if memo is not None else None
-    if key in memo if memo is not None else False:
-        return memo[key]
+    """int64 [n]: each vertex's cycle estimate, by its codelet's registered formula. `memo` (a caller's dict): groups
+    holding the very same params and shapes arrays are priced once (a copied layer's steps share them with its
+    template's, plan/replay.py); it keeps those arrays, so their ids are not reused while it lives."""
+    key = None
+    if memo is not None:
+        key = (group.codelet, group.dtypes, id(group.params), id(group.shapes))
+        if key in memo:
+            return memo[key][2]
     fn = VERTEX_CYCLES.get(group.codelet)
     if fn is None:
         raise TremulaError(f"no cycle estimate for codelet {group.codelet!r}: its module in tremula.codelets "
@@ -56,7 +58,7 @@ def vertex_cycles(chip, group, memo: dict | None = None) -> np.ndarray:
     params, shapes, inv = distinct_vertices(group)
     out = np.array([fn(chip, pr, sh, group.dtypes) for pr, sh in zip(params, shapes)], I64)[inv]
     if memo is not None:
-        memo[key] = out
+        memo[key] = (group.params, group.shapes, out)
     return out
 
 

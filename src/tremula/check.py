@@ -73,10 +73,9 @@ FP16_MIN_COSINE = MIN_COSINE["float16"]
 MATCHED_MIN_REL_ERR = 2.0**-11
 REORDER_MARGIN = 4.0
 FIRST_REORDERING = "reversed"  # (sim/reference.py REORDERINGS: the float32 one, cheaper than float64)
-# A simulation this long (wall seconds) is a big model's: its first reordered reference starts at once beside the
-# references still running, instead of after them, unless the matched reference is made already and settles every
-# output alone; smaller checks compute it only if the verdict needs it. Either way the same reorderings decide: the
-# result does not change.
+# A simulation this long (wall seconds) is a big model's: when the matched reference is made while it still runs, the
+# first reordered reference is made next, beside it (_references); otherwise a reordering is computed only if the
+# verdict needs it. Either way the same reorderings decide: the result does not change.
 SPECULATE_AFTER_SECONDS = 10.0
 
 
@@ -195,22 +194,19 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
     # One BLAS thread each while the two run: OpenBLAS's own two threads per call on top of two callers slowed both
     # about 2x on two cores (SigLIP so400m fp8: 182 s for the check, 141 s with one BLAS thread each)
     with threadpool_limits(1) if two else contextlib.nullcontext():
-        early: dict[str, dict[str, np.ndarray]] = {}  # the matched reference, as soon as it is made
-        references = (beside(_references, ref_graph, res, feeds, early, name="tremula-references") if two else
-                      lambda: _references(ref_graph, res, feeds, early))
-        t0 = time.perf_counter()
+        simulating = {"since": time.perf_counter()}  # the simulation's start, and "done" once it has ended
+        references = (beside(_references, ref_graph, res, feeds, simulating, name="tremula-references") if two else
+                      lambda: _references(ref_graph, res, feeds, simulating))
+        t0 = simulating["since"] = time.perf_counter()
         got = simulate(res.program, res.graph, feeds, check=check, progress=progress)  # host streams cast the inputs
         sim_seconds = time.perf_counter() - t0
-        ready = {}
-        if res.dtype != "float32" and res.graph is not None and sim_seconds > SPECULATE_AFTER_SECONDS and two:
-            from tremula.sim.reference import matched_reference
+        simulating["done"] = True
+        layers = []  # the FP8 layer losses: here, while the other thread may still make the references
+        if res.dtype == "fp8":
+            from tremula.passes.precision import layer_losses
 
-            # Unless the matched reference is made already and settles every output alone (then no reordering is
-            # run: SigLIP so400m fp8 batch 1 matches it bit for bit)
-            made = early.get("matched")
-            if made is None or not all(compare_matched(o, got[o], made[o], []).passed for o in res.graph.outputs):
-                ready[FIRST_REORDERING] = matched_reference(res.graph, res.split_sums, feeds, reorder=FIRST_REORDERING)
-        ref, matched_ref, layers = references()
+            layers = layer_losses(_qdq_graph(ref_graph, res.graph), feeds)  # type: ignore[arg-type]
+        ref, matched_ref, ready = references()
     outs = [compare(o, got[o], ref[o], res.dtype) for o in ref_graph.outputs]
     # at fp32 the float32 reference is the matched one
     matched = check_matched(res, feeds, got, matched_ref, ready) if matched_ref is not None else []
@@ -226,21 +222,21 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
     return CheckResult(res, outs, layers, sim_seconds, matched, oracles, "user" if inputs is not None else "seeded")
 
 
-def _references(ref_graph: Graph, res: CompileResult, feeds: dict[str, np.ndarray], early: dict):
-    """(the float32 reference's outputs, the precision-matched reference's (fp16 / fp8; also put in early["matched"]
-    as soon as it is made), the FP8 layer losses)."""
+def _references(ref_graph: Graph, res: CompileResult, feeds: dict[str, np.ndarray], simulating: dict):
+    """(the float32 reference's outputs, the precision-matched reference's (fp16 / fp8), the reordered matched
+    references made already, by REORDERINGS key). The first reordering is made at once when the matched reference is
+    ready while a long simulation (SPECULATE_AFTER_SECONDS so far) still runs: whether the verdict needs it is known
+    only after the simulation, and beside it it costs no wall time (SigLIP so400m fp8 batch 1: 25 s after the
+    simulation before, when the matched reference did not settle the outputs alone)."""
     ref = run(ref_graph, feeds)
-    matched = None
+    matched, ready = None, {}
     if res.dtype != "float32" and res.graph is not None:
         from tremula.sim.reference import matched_reference
 
-        matched = early["matched"] = matched_reference(res.graph, res.split_sums, feeds)
-    layers = []
-    if res.dtype == "fp8":
-        from tremula.passes.precision import layer_losses
-
-        layers = layer_losses(_qdq_graph(ref_graph, res.graph), feeds)  # type: ignore[arg-type]
-    return ref, matched, layers
+        matched = matched_reference(res.graph, res.split_sums, feeds)
+        if not simulating.get("done") and time.perf_counter() - simulating["since"] > SPECULATE_AFTER_SECONDS:
+            ready[FIRST_REORDERING] = matched_reference(res.graph, res.split_sums, feeds, reorder=FIRST_REORDERING)
+    return ref, matched, ready
 
 
 def _user_arrays(model: ModelSpec, build, batch, inputs: dict[str, np.ndarray],

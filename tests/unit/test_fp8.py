@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tremula.errors import TremulaError
-from tremula.numerics.fp8 import NAN_CODE, Fp8Format, cast_to_half, dequantize, quantize, scale_for_max_abs
+from tremula.numerics.fp8 import NAN_CODE, Fp8Format, cast_to_half, dequantize, max_abs, quantize, scale_for_max_abs
 
 ALL_HALVES = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
 
@@ -56,6 +56,18 @@ def test_scale_for_max_abs_fits_the_range():
         s = scale_for_max_abs(m, Fp8Format.F143)
         assert m * 2.0**-s <= 240.0 < m * 2.0 ** -(s - 1)
     assert scale_for_max_abs(0.0, Fp8Format.F143) == 0
+
+
+def test_max_abs_of_halves_from_their_bits_equals_numpys():
+    finite = ALL_HALVES[np.isfinite(ALL_HALVES)]
+    for x in (finite, finite[::-1].reshape(-1, 4).T, finite[:7], -finite[finite > 0][:100], np.zeros(3, np.float16)):
+        want = float(np.abs(x.astype(np.float32)).max())
+        assert max_abs(x) == want and max_abs(x.astype(np.float32)) == want
+    with_inf = np.array([1.0, -np.inf, 3.0], np.float16)
+    assert max_abs(with_inf) == np.inf
+    for nan in (np.float16(np.nan), -np.float16(np.nan), ALL_HALVES[0x7C01]):  # any NaN pattern, either sign
+        assert np.isnan(max_abs(np.array([1.0, nan, np.inf], np.float16)))
+    assert max_abs(np.zeros(0, np.float16)) == 0.0
 
 
 @pytest.mark.parametrize("fmt", list(Fp8Format))

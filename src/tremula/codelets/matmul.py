@@ -57,7 +57,10 @@ def _matmul(ops: list[np.ndarray], params) -> None:
 
 def _matmul_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    c = cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul", params), bool(optional(params, 2)))
+    # With half partials w is a Linear's stored weights (a MatMul of two activations runs with float partials,
+    # plan/lower_ops.py _lower_batched_matmul), priced as a weights kernel (cost.amp_matmul_cycles)
+    partials = partials_of("matmul", params)
+    c = cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials, bool(optional(params, 2)), partials == "half")
     if params[0]:
         c += cost_terms.vector_cycles(chip, "add", m * n, dtypes[-1])
     return c
@@ -81,7 +84,7 @@ def _matmul_partial(ops: list[np.ndarray], params) -> None:
 def _partial_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
     return cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul_partial", params),
-                                    bool(optional(params, 1)))
+                                    bool(optional(params, 1)), weights=True)  # (only a Linear's K is split)
 
 
 def _reduce_partials(ops: list[np.ndarray], params) -> None:

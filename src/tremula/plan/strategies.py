@@ -144,12 +144,12 @@ def k_rounds_cycles(chip, rows: int, kl: int, kc: int, nj: int, dtype: str, part
     """AMP cycles of [rows, kl] x [kl, nj] in K rounds of kc columns (one vertex when kc >= kl): the first round
     zeroes the partials, the later ones add into them (cost.amp_matmul_cycles accumulate)."""
     if kc >= kl:
-        return cost_terms.matmul_cycles(chip, rows, kl, nj, dtype, partials)
+        return cost_terms.matmul_cycles(chip, rows, kl, nj, dtype, partials, weights=True)
     ks = cdiv(kl, kc)
     last = kl - (ks - 1) * kc
-    return (cost_terms.matmul_cycles(chip, rows, kc, nj, dtype, partials)
-            + (ks - 2) * cost_terms.matmul_cycles(chip, rows, kc, nj, dtype, partials, True)
-            + cost_terms.matmul_cycles(chip, rows, last, nj, dtype, partials, True))
+    return (cost_terms.matmul_cycles(chip, rows, kc, nj, dtype, partials, weights=True)
+            + (ks - 2) * cost_terms.matmul_cycles(chip, rows, kc, nj, dtype, partials, True, True)
+            + cost_terms.matmul_cycles(chip, rows, last, nj, dtype, partials, True, True))
 
 
 def operand_gather_cycles(chip, m: int, k: int, dtype: str, st: LinearStrategy) -> int:

@@ -174,7 +174,9 @@ def _amp_parts(chip, codelet_name: str, shapes, dtype: str, partials: str = "flo
         prods = [(r, d, sk), (r, sk, dv)]
     else:
         return 0, 0.0
-    amp = sum(cost_terms.matmul_cycles(chip, m, k, n, dtype, partials) for m, k, n in prods)
+    # (a Linear's weights as its codelet prices them: matmul_partial and matmul_fp8 always, matmul with half partials)
+    weights = codelet_name in MATMUL_CODELETS and (codelet_name != "matmul" or partials == "half")
+    amp = sum(cost_terms.matmul_cycles(chip, m, k, n, dtype, partials, weights=weights) for m, k, n in prods)
     # The ideal is at the rate of the AMP path the vertex runs on (FP8 codes: quarter->half; half inputs: half->half
     # with half partials, else half->float).
     acc = "fp16" if is_fp8(dtype) or (partials == "half" and dtype == "float16") else "fp32"

@@ -67,6 +67,11 @@ class AmpPair:
     worker_delta_cycles_without_zeroing: int
     retention_worker_savings_cycles: int
     retention_supervisor_cycles_per_input_group: int
+    # A measured kernel for a matmul whose coefficients are weights the compiler stores (in the kernel's layout, at
+    # load time): (fixed cycles, cycles per row per group, cycles per group), a group being weights_per_conv_unit
+    # input channels x conv_units output channels, when the chip file has one ([amp.<pair>.weights_kernel]); else
+    # the ConvPartial1x1 estimate prices those too (target/cost.amp_matmul_cycles).
+    weights_kernel: tuple[int, int, int] | None = None
 
     @property
     def key(self) -> str:
@@ -326,6 +331,8 @@ def _amp_pair(r: _Reader, key: str) -> AmpPair:
         worker_delta_cycles_without_zeroing=r.integer(p + "worker_delta_cycles_without_zeroing"),
         retention_worker_savings_cycles=r.nonneg_int(p + "retention_worker_savings_cycles"),
         retention_supervisor_cycles_per_input_group=r.nonneg_int(p + "retention_supervisor_cycles_per_input_group"),
+        weights_kernel=(r.nonneg_int(p + "weights_kernel.fixed_cycles"), r.pos_int(p + "weights_kernel.row_cycles"),
+                        r.nonneg_int(p + "weights_kernel.group_cycles")) if r.has(p + "weights_kernel") else None,
     )
 
 

@@ -57,7 +57,7 @@ def _amp_inner_cycles(chip: Chip, pair: AmpPair, m: int, zeroing: bool) -> int:
 # cached: the planner prices the same tile shapes for many candidates (a pure function of ints and a frozen chip)
 @lru_cache(maxsize=1 << 16)
 def amp_matmul_cycles(chip: Chip, m: int, k: int, n: int, in_dtype: str, acc_dtype: str,
-                      accumulate: bool = False) -> int:
+                      accumulate: bool = False, weights: bool = False) -> int:
     """Cycles of one tile's AMP vertex computing [m,k] x [k,n] with `in_dtype` inputs accumulating in `acc_dtype`.
 
     Structure of poplibs' ConvPartial1x1 supervisor estimator (lib/poplin/PerformanceEstimation.hpp; ref §3), with the
@@ -77,6 +77,13 @@ def amp_matmul_cycles(chip: Chip, m: int, k: int, n: int, in_dtype: str, acc_dty
     zeroes the accumulators, so the first is priced as the later ones (poplibs' non-zeroing partials).
     Known simplifications: poplibs' worklist splitting of very long row ranges and conv groups are not modelled; the
     0-row worker cost is taken as 0 (poplibs: ~20 cycles when a worker is started with nothing to do).
+
+    weights: the coefficients (w) are weights the compiler stores, so they can be kept in a kernel's own layout from
+    load time on. A chip whose pair has a measured kernel for them (AmpPair.weights_kernel) is priced by it instead:
+      fixed + in_groups x out_groups x (row_cycles x m + group_cycles)
+    (the C600's: a hand-written interleaved-weight kernel timed on the card, ipu-stack-facts section 2.1, the same
+    for a later K round). Activations as coefficients (attention's products, a MatMul of two activations) are not
+    in that layout: the estimate above prices them.
     """
     for name, v in (("m", m), ("k", k), ("n", n)):
         _count(name, v)
@@ -85,6 +92,9 @@ def amp_matmul_cycles(chip: Chip, m: int, k: int, n: int, in_dtype: str, acc_dty
     pair = chip.amp_pair(in_dtype, acc_dtype)
     in_groups = _cdiv(k, pair.weights_per_conv_unit)
     out_groups = _cdiv(n, pair.conv_units)
+    if weights and pair.weights_kernel is not None:
+        fixed, per_row, per_group = pair.weights_kernel
+        return fixed + in_groups * out_groups * (per_row * m + per_group)
     in_bytes = {"fp32": 4, "fp16": 2, "fp8": 1}[pair.in_dtype]
     weight_load = _cdiv(pair.conv_units * pair.weights_per_conv_unit * in_bytes, chip.amp_coeff_load_bytes_per_cycle)
     first_pass = pair.pass_cycles + weight_load + _amp_inner_cycles(chip, pair, m, zeroing=not accumulate)
@@ -215,7 +225,8 @@ def gelu_cycles(chip: Chip, n_elems: int, dtype: str) -> int:
     """GELU of n_elems elements on one tile. Half precision on a chip with a measured kernel ([vector.gelu_fp16]):
     fixed + cycles per block x ceil(n / block elements). Otherwise the tanh form from its vector ops,
     0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = 5 multiplies, 2 adds, 1 tanh: an inference that on a C600 came
-    out 1.6-1.9x faster than the kernel measured there (7,408 against 12,060 cycles for 2,208 elements)."""
+    out faster than the kernels measured there (2,208 elements: 7,408 cycles against 8,778 for the f16v4mix kernel
+    the C600's table holds and 12,060 for the plain one)."""
     _count("n_elems", n_elems)
     if n_elems == 0:
         return 0

@@ -21,16 +21,18 @@ def _d(dtype: str) -> str:
     return dtype if dtype in ("float16", "float32") else "float32"
 
 
-def matmul_cycles(chip, m: int, k: int, n: int, dtype: str, partials: str = "float", accumulate: bool = False) -> int:
+def matmul_cycles(chip, m: int, k: int, n: int, dtype: str, partials: str = "float", accumulate: bool = False,
+                  weights: bool = False) -> int:
     """One tile's [m,k] x [k,n] on the AMP. fp16 inputs accumulate in float32 (the half->float path, 8 conv units) or,
     with half partials, on the half->half path (16 conv units: twice the MACs per cycle, numerics/amp.py); FP8
     operands run on the quarter->half path (codelets/fp8.py), the only FP8 path the C600 has. accumulate: a later K
-    round adding into the partials (cost.amp_matmul_cycles)."""
+    round adding into the partials; weights: w is a Linear's stored weights, not an activation
+    (cost.amp_matmul_cycles)."""
     m, k, n = int(m), int(k), int(n)
     if is_fp8(dtype):
-        return int(cost.amp_matmul_cycles(chip, m, k, n, "fp8", "float16", accumulate))
+        return int(cost.amp_matmul_cycles(chip, m, k, n, "fp8", "float16", accumulate, weights))
     acc = "float16" if partials == "half" and dtype == "float16" else "float32"
-    return int(cost.amp_matmul_cycles(chip, m, k, n, _d(dtype), acc, accumulate))
+    return int(cost.amp_matmul_cycles(chip, m, k, n, _d(dtype), acc, accumulate, weights))
 
 
 def vector_cycles(chip, kind: str, n: int, dtype: str) -> int:

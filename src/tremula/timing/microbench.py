@@ -45,10 +45,11 @@ def amp_microbench(chip: Chip, ns: list[int]) -> list[dict]:
 
 # ---- one tile's matmul vertex ---------------------------------------------------------------------------------------
 
-# Per-kernel cycles measured on a real C600 by a stack that writes its own GEMM kernels (not poplibs' vertices), so a
-# point bounds what a kernel can do on this hardware rather than measuring the vertex modelled here:
+# Per-kernel cycles measured on a real C600 by a stack that writes its own GEMM kernels (not poplibs' vertices):
 # (chip, dtype, R, K, C) -> (cycles, source). ../shared/reference/ipu-stack-facts.md §2.1; FP8 there accumulates in
-# FP16 (the half partials path). Measurements to compare against, not model constants.
+# FP16 (the half partials path). The C600's chip file prices a Linear's weights with the interleaved-weight kernel's
+# formula fitted there (AmpPair.weights_kernel); the packed-output variant's points are other kernels, beside it to
+# show how far they are.
 _FACTS = "ipu-stack-facts §2.1 [M]"
 MEASURED_MATMUL_CYCLES: dict[tuple[str, str, int, int, int], tuple[int, str]] = {
     ("c600", "fp16", 184, 288, 48): (48_654, f"{_FACTS} interleaved-weight F16 GEMM (kernel/cost.rs 0729e12)"),
@@ -67,19 +68,21 @@ MEASURED_MATMUL_CYCLES: dict[tuple[str, str, int, int, int], tuple[int, str]] = 
     ("c600", "fp8", 57, 128, 80): (8_124, f"{_FACTS} SigLIP PV FP8 (GEMM_UTILIZATION 5f29bea)"),
 }
 
-# The accumulation each input type gets in a Program (target/cost_terms.matmul_cycles): fp16 accumulates in float on
-# the AMP, FP8 on the C600's quarter -> half path, the only FP8 path it has.
-PLANNER_PARTIALS = {"fp16": "float", "fp8": "half"}
+# The accumulation each input type gets in a Program by default (compile_model's partials="half"; --partials float
+# keeps float32 for fp16): fp16 on the half -> half path, FP8 on the C600's quarter -> half path, the only FP8 path it
+# has.
+PLANNER_PARTIALS = {"fp16": "half", "fp8": "half"}
 _ACC = {"half": "float16", "float": "float32"}
 
 
 def matmul_point(chip: Chip, rows: int, k: int, cols: int, dtype: str, partials: str | None = None) -> dict:
-    """One tile's [rows,k] x [k,cols] matmul vertex: cycles from the codelet cycle function the planner prices it
-    with (codelets/matmul.py, codelets/fp8.py), MACs, MACs/cycle, % of the dtype's AMP peak per tile, and a measured
-    point beside it where ipu-stack-facts §2.1 has one for this chip and shape.
+    """One tile's [rows,k] x [k,cols] matmul vertex of a Linear (w its stored weights): cycles from the codelet cycle
+    function the planner prices it with (codelets/matmul.py, codelets/fp8.py), MACs, MACs/cycle, % of the dtype's
+    AMP peak per tile, and a measured point beside it where ipu-stack-facts §2.1 has one for this chip and shape.
 
-    `partials` other than the planner's accumulation for `dtype` is priced by cost.amp_matmul_cycles on the chip's
-    AMP path for it, when the chip has one (path says so); a path the chip lacks raises TremulaError in one line.
+    `partials` other than the default accumulation for `dtype` (--partials float for fp16) is priced by
+    cost.amp_matmul_cycles on the chip's AMP path for it, when the chip has one (path says so); a path the chip lacks
+    raises TremulaError in one line.
     """
     from tremula.codelets import codelet
 
@@ -97,14 +100,15 @@ def matmul_point(chip: Chip, rows: int, k: int, cols: int, dtype: str, partials:
         raise TremulaError(f"--partials {partials} is not a path the cost model has for {dtype}: {e}") from None
     shapes = [(rows, k), (k, cols), (rows, cols)]
     if partials != PLANNER_PARTIALS[dtype]:
-        cycles = amp_matmul_cycles(chip, rows, k, cols, dtype, _ACC[partials])
-        path = f"cost.amp_matmul_cycles {dtype}->{_ACC[partials]} (not a path the planner uses)"
+        cycles = amp_matmul_cycles(chip, rows, k, cols, dtype, _ACC[partials], weights=True)
+        path = f"cost.amp_matmul_cycles {dtype}->{_ACC[partials]} (not the planner's default)"
     elif dtype == "fp8":  # no bias; formats and scale do not change the cycles
         cycles = codelet("matmul_fp8").cycles(chip, (0, 0, 0, 0, 0), shapes, [FP8_DTYPES[0], FP8_DTYPES[0], "float16"])
         path = "matmul_fp8 codelet (planner)"
-    else:
-        cycles = codelet("matmul").cycles(chip, (0,), shapes, ["float16", "float16", "float16"])
-        path = "matmul codelet (planner)"
+    else:  # no bias, half partials rounded after every group of input channels
+        group = chip.amp_pair("fp16", "float16").weights_per_conv_unit
+        cycles = codelet("matmul").cycles(chip, (0, group), shapes, ["float16", "float16", "float16"])
+        path = "matmul codelet, half partials (planner)"
     macs = rows * k * cols
     peak_macs = chip.peak_flops(dtype) / (2.0 * chip.tiles * chip.clock_hz)  # per tile per cycle
     per_cycle = macs / cycles if cycles else 0.0

@@ -1,4 +1,5 @@
-"""Calibration: the model against every published measurement in ipu-hardware.md (AMP curve, exchange, sync, PopRT)."""
+"""Calibration: the model against every published measurement (ipu-hardware.md: AMP curve, exchange, sync, PopRT;
+ipu-stack-facts.md: one tile's kernels timed on a C600)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,50 @@ def sync_rows() -> list[dict]:
     ]
 
 
+# ../shared/reference/ipu-stack-facts.md §2.2 [M]: other kernels timed on a C600 by a stack with its own kernels:
+# (quantity, measured cycles, what the model prices, note). Where a measured kernel is the faster the chip file prices
+# with it (GELU); where poplibs' estimate is, that stays (adds, reductions, softmax), and the row shows the gap.
+_FACTS_22 = "ipu-stack-facts.md §2.2 [M]"
+
+
+def kernel_rows() -> list[dict]:
+    """One tile's kernels on the C600 against the kernels timed there (§2.1 matmuls, §2.2 the rest)."""
+    from tremula.codelets import codelet
+    from tremula.target import cost_terms
+    from tremula.timing.microbench import MEASURED_MATMUL_CYCLES, matmul_point
+
+    c600 = load_chip("c600")
+    rows = []
+    for (chip_name, dt, r, k, n), (measured, source) in MEASURED_MATMUL_CYCLES.items():
+        p = matmul_point(load_chip(chip_name), r, k, n, dt)
+        note = p["path"] + ("; the measured kernel packs its output for the next AMP (another variant, slower per "
+                            "row), the model writes rows" if "packed-output" in source else "")
+        rows.append(_row(f"{dt} matmul [{r},{k}]x[{k},{n}] on one tile ({chip_name})", source, measured, p["cycles"],
+                         "cycles", note))
+    red = codelet("reduce_partials")
+    for n, parts, measured in ((2208, 4, 4_974), (576, 15, 3_090)):
+        model = red.cycles(c600, (parts, 0, 1), [(1, n), (parts - 1, n), (1, n)], ("float16",) * 3)
+        rows.append(_row(f"half sum of {parts} partials, {n} elements (c600)", _FACTS_22, measured, model, "cycles",
+                         "poplibs' add estimate per part (the measured kernel: 282 + 6 x n/48 x (11 + 2 (P - 1)))"))
+    for n, measured in ((1152, 1_368), (2152, 2_124)):
+        rows.append(_row(f"half add, {n} elements (c600)", _FACTS_22, measured,
+                         cost_terms.vector_cycles(c600, "add", n, "float16"), "cycles", "poplibs' BinaryOp estimate"))
+    rows.append(_row("half GeLU f16v4mix (bias + GeLU), 2,152 elements (c600)", _FACTS_22, 8_550,
+                     cost_terms.vector_cycles(c600, "gelu", 2152, "float16"), "cycles",
+                     "the kernel the chip file prices GELU with ([vector.gelu_fp16])"))
+    rows.append(_row("half GeLU, plain kernel, 2,208 elements (c600)", _FACTS_22, 12_060,
+                     cost_terms.vector_cycles(c600, "gelu", 2208, "float16"), "cycles",
+                     "priced by the faster f16v4mix kernel"))
+    rows.append(_row("half LayerNorm, 1 row of 1,152 (c600)", _FACTS_22, 6_732,
+                     cost_terms.layernorm_cycles(c600, 1, 1152, "float16"), "cycles", "composed of vector estimates"))
+    for r, measured, what in ((8, 21_770, "8 rows x 768 keys, split-worker (21,762-21,780)"),
+                              (1, 12_258, "one row of 768 keys")):
+        rows.append(_row(f"half softmax, {what} (c600)", _FACTS_22, measured,
+                         cost_terms.softmax_cycles(c600, r, 768, "float16"), "cycles",
+                         "composed of vector estimates (float32 row max and sum)"))
+    return rows
+
+
 def end_to_end_rows(compile_fn: Callable | None = None, entries: tuple[EndToEnd, ...] = END_TO_END) -> list[dict]:
     """PopRT rows: items/s = batch x clock / (cycles charged per batch: the compiled Program's forward plus its
     host I/O, as `compile` reports throughput; CompileResult.throughput_cycles).
@@ -129,7 +174,7 @@ def calibration_rows(include_models: bool = True) -> list[dict]:
     """Model vs every published measurement: each row has quantity, source, measured, model, unit, error_pct (model
     vs measured, in %, None when either side is missing) and a note. include_models=False skips the end-to-end rows
     (each compiles a full model)."""
-    rows = amp_rows() + exchange_rows() + sync_rows()
+    rows = amp_rows() + kernel_rows() + exchange_rows() + sync_rows()
     if include_models:
         rows += end_to_end_rows()
     return rows

@@ -103,6 +103,7 @@ def kernel_rows() -> list[dict]:
     """One tile's kernels on the C600 against the kernels timed there (§2.1 matmuls, §2.2 the rest)."""
     from tremula.codelets import codelet
     from tremula.target import cost_terms
+    from tremula.target.cost import amp_matmul_cycles
     from tremula.timing.microbench import MEASURED_MATMUL_CYCLES, matmul_point
 
     c600 = load_chip("c600")
@@ -111,6 +112,9 @@ def kernel_rows() -> list[dict]:
         p = matmul_point(load_chip(chip_name), r, k, n, dt)
         note = p["path"] + ("; the measured kernel packs its output for the next AMP (another variant, slower per "
                             "row), the model writes rows" if "packed-output" in source else "")
+        if " QK " in source:  # an attention product: its coefficients are activations, not stored weights
+            est = amp_matmul_cycles(load_chip(chip_name), r, k, n, dt, "fp16")
+            note = f"as a Linear's weights; attention prices its QK with the ConvPartial1x1 estimate, {est:,} cycles"
         rows.append(_row(f"{dt} matmul [{r},{k}]x[{k},{n}] on one tile ({chip_name})", source, measured, p["cycles"],
                          "cycles", note))
     red = codelet("reduce_partials")

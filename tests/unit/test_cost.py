@@ -91,7 +91,7 @@ C600_WEIGHT_KERNELS = {("fp16", 184, 288, 48): 48_654, ("fp16", 182, 288, 48): 4
 def test_c600_weights_kernel_is_within_2_percent_of_the_measured_kernels():
     """A Linear's stored weights on the C600 are priced by the measured kernel's formula (chips/c600.toml
     weights_kernel), which is within 2 % of every point; the ConvPartial1x1 estimate, which still prices activations
-    as coefficients, is 2-6 % slower than the F16 points and 17-52 % slower than the FP8 ones."""
+    as coefficients, is 2-6 % slower than the F16 points and 17-51 % slower than the FP8 ones."""
     c600 = CHIPS["c600"]
     for (dt, r, k, c), measured in C600_WEIGHT_KERNELS.items():
         kernel = cost.amp_matmul_cycles(c600, r, k, c, dt, "fp16", weights=True)

@@ -65,26 +65,30 @@ def test_a_reordering_computed_before_is_used_only_where_it_would_have_run(monke
 def test_a_long_simulation_speculates_only_while_it_runs(monkeypatch, matched_first):
     """When the matched reference is made while a long simulation (here every one counts as long) still runs, the
     first reordered reference is made next, beside it; made after the simulation, a reordering runs only if the
-    verdict needs it (bert-tiny fp16 matches the matched reference bit for bit: none). The verdict is the same."""
+    verdict needs it (bert-tiny fp16 matches the matched reference bit for bit: none). The verdict is the same. (The
+    references run in a forked process: the events and the record of reorderings are the process-shared kind.)"""
+    import multiprocessing
     import os
-    import threading
 
     import tremula.check as check
     import tremula.sim.functional as functional
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("the references run beside the simulation only on two or more cores")
-    made, simulated, speculated = threading.Event(), threading.Event(), threading.Event()
+    made, speculated = multiprocessing.Event(), multiprocessing.Event()
     real_ref, real_sim = reference.matched_reference, functional.simulate
-    reorders = []
+    record = multiprocessing.SimpleQueue()  # the reorderings run, in either process
+    flags = []  # check_model's own: the first it makes says the simulation has ended
+    real_event = multiprocessing.Event
+    monkeypatch.setattr(check.multiprocessing, "Event", lambda: flags.append(real_event()) or flags[-1])
 
     def matched(graph, split_sums, feeds, reorder=None):
         if reorder is not None:
-            reorders.append(reorder)
+            record.put(reorder)
             speculated.set()
             return real_ref(graph, split_sums, feeds, reorder=reorder)
-        if not matched_first:
-            assert simulated.wait(120)
+        if not matched_first:  # made once the simulation has ended
+            assert flags[0].wait(120)
         out = real_ref(graph, split_sums, feeds)
         made.set()
         return out
@@ -93,7 +97,6 @@ def test_a_long_simulation_speculates_only_while_it_runs(monkeypatch, matched_fi
         out = real_sim(*args, **kwargs)
         if matched_first:  # (still running when the matched reference is made, until the reordering starts)
             assert made.wait(120) and speculated.wait(120)
-        simulated.set()
         return out
 
     monkeypatch.setattr(reference, "matched_reference", matched)
@@ -101,4 +104,7 @@ def test_a_long_simulation_speculates_only_while_it_runs(monkeypatch, matched_fi
     monkeypatch.setattr(check, "SPECULATE_AFTER_SECONDS", -1.0)
     res = check.check_model("bert-tiny", "c600", 2, "fp16")
     assert res.passed and res.matched and all(m.rel_err == 0.0 for m in res.matched)
+    reorders = []
+    while not record.empty():
+        reorders.append(record.get())
     assert reorders == ([check.FIRST_REORDERING] if matched_first else [])

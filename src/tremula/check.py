@@ -187,8 +187,8 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
     ref_graph = canonical(graph)
     feeds = user if user is not None else make_feeds(ref_graph, seed)
     # The references do not read the simulation: on two cores they run beside it (SigLIP so400m fp8: the simulation
-    # and the references are each about a minute). The planned graph's weights are made first, so the two threads
-    # never make the same lazy constant at once.
+    # and the references are each about a minute). The planned graph's weights are made first: a forked references
+    # process inherits them, and two threads never make the same lazy constant at once.
     for c in res.graph.constants.values():
         c.value()
     two = (os.cpu_count() or 1) > 1

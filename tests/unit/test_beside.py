@@ -37,8 +37,6 @@ def test_result_error_and_switch_interval():
 
 
 def _exit_now():
-    import os
-
     os._exit(3)
 
 

@@ -14,10 +14,10 @@ from tremula.errors import TremulaError
 
 # The interpreter's switch interval while a second thread runs (seconds; CPython's default is 0.005). Both threads
 # make many short NumPy calls, each releasing the lock and taking it back; a thread coming back waits for the other to
-# give it up, up to the interval when that one runs Python (the "convoy effect"). Measured on two cores, SigLIP
-# so400m fp8 batch 1 `check`: the simulation beside its references took 62.0 s at the default, 56.1 s at 0.5 ms and
-# 49.6 s at 0.1 ms (43.7 s alone); the whole check 113 -> 97 s (one run each; repeated runs on this virtual machine
-# vary by up to a fifth: 49.6-60.7 s at 0.1 ms).
+# give it up, up to the interval when that one runs Python (the "convoy effect"). Measured on two cores when SigLIP
+# so400m fp8 batch 1's `check` ran its references on a thread (they run in a process now): the simulation beside them
+# took 62.0 s at the default, 56.1 s at 0.5 ms and 49.6 s at 0.1 ms (43.7 s alone; repeated runs on this virtual
+# machine vary by up to a fifth). It serves `--batch auto`'s search beside the FP8 calibration (so400m 58.8 -> 50.9 s).
 SWITCH_INTERVAL = 1e-4
 _running: list[float] = []  # the interval before the first thread still running was started
 

@@ -114,7 +114,7 @@ def _matmul_fp8(ops: list[np.ndarray], params) -> None:
 
 def _matmul_fp8_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    # the quarter -> half AMP path (C600 only), with a Linear's stored weight codes
+    # the quarter -> half AMP path (C600 only), with a Linear's stored weight codes (matmul.stored_weights)
     c = cost.amp_matmul_cycles(chip, m, k, n, "fp8", "float16", bool(optional(params, 5)), weights=True)
     if params[0]:
         c += cost_terms.vector_cycles(chip, "add", m * n, "float16")

@@ -29,6 +29,13 @@ def partials_of(codelet_name: str, params) -> str:
     return "half" if j is not None and optional(params, j) else "float"
 
 
+def stored_weights(codelet_name: str, partials: str) -> bool:
+    """Whether a matmul vertex's w is a Linear's stored weights (priced as a weights kernel, cost.amp_matmul_cycles):
+    always for matmul_partial (only a Linear's K is split) and matmul_fp8 (weight codes); for matmul with half
+    partials (a MatMul of two activations runs with float partials, plan/lower_ops.py _lower_batched_matmul)."""
+    return codelet_name in ("matmul_partial", "matmul_fp8") or (codelet_name == "matmul" and partials == "half")
+
+
 def _half_stack(x: np.ndarray, w: np.ndarray, group: int, prev: np.ndarray | None = None) -> np.ndarray:
     """Half partials of a stack of vertices (one vertex run alone is a stack of one, so it takes the same BLAS calls
     and gives the same bits as inside a stack: a group's float32 sum depends on the kernel that forms it), continuing
@@ -57,10 +64,9 @@ def _matmul(ops: list[np.ndarray], params) -> None:
 
 def _matmul_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    # With half partials w is a Linear's stored weights (a MatMul of two activations runs with float partials,
-    # plan/lower_ops.py _lower_batched_matmul), priced as a weights kernel (cost.amp_matmul_cycles)
     partials = partials_of("matmul", params)
-    c = cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials, bool(optional(params, 2)), partials == "half")
+    c = cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials, bool(optional(params, 2)),
+                                 stored_weights("matmul", partials))
     if params[0]:
         c += cost_terms.vector_cycles(chip, "add", m * n, dtypes[-1])
     return c
@@ -83,8 +89,9 @@ def _matmul_partial(ops: list[np.ndarray], params) -> None:
 
 def _partial_cycles(chip, params, shapes, dtypes) -> int:
     (m, k), (_, n) = shapes[0], shapes[1]
-    return cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials_of("matmul_partial", params),
-                                    bool(optional(params, 1)), weights=True)  # (only a Linear's K is split)
+    partials = partials_of("matmul_partial", params)
+    return cost_terms.matmul_cycles(chip, m, k, n, dtypes[0], partials, bool(optional(params, 1)),
+                                    stored_weights("matmul_partial", partials))
 
 
 def _reduce_partials(ops: list[np.ndarray], params) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import tremula.codelets  # noqa: F401  (registers each codelet's cycle estimate, which price_step charges)
-from tremula.codelets.matmul import partials_of
+from tremula.codelets.matmul import partials_of, stored_weights
 from tremula.ir.graph import Graph, Node
 from tremula.ir.ops import flops as op_flops
 from tremula.numerics.fp8 import is_fp8
@@ -174,8 +174,7 @@ def _amp_parts(chip, codelet_name: str, shapes, dtype: str, partials: str = "flo
         prods = [(r, d, sk), (r, sk, dv)]
     else:
         return 0, 0.0
-    # (a Linear's weights as its codelet prices them: matmul_partial and matmul_fp8 always, matmul with half partials)
-    weights = codelet_name in MATMUL_CODELETS and (codelet_name != "matmul" or partials == "half")
+    weights = stored_weights(codelet_name, partials)  # (as its codelet prices them)
     amp = sum(cost_terms.matmul_cycles(chip, m, k, n, dtype, partials, weights=weights) for m, k, n in prods)
     # The ideal is at the rate of the AMP path the vertex runs on (FP8 codes: quarter->half; half inputs: half->half
     # with half partials, else half->float).

@@ -188,31 +188,37 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     # Between the last batch that fit and the first that did not, guess from how full their plans are (_guess). A
     # good guess fits and the batch after it does not, so a guess that fits is followed by the batch after it (near
     # the answer the plans' fullness jumps: BERT-base fp16 fits at 140 with 96 % of a tile and not at 141 with 101 %,
-    # where the line kept guessing 143, then 142). Two guesses that fail in a row, or a batch after a guess that
-    # fits too, mean the plans grow otherwise than in a line there: a bisection step follows (as in the Illinois
-    # method), so the search takes at most about twice bisection's probes.
-    mode, last = "guess", None
+    # where the line kept guessing 143, then 142). When the batch after a guess fits too, the line through the batch
+    # that failed undershoots: the next guess halves that batch's excess over a full tile (the Illinois method's
+    # step), which leans it towards the failure, once more each time the failure is kept. SigLIP so400m fp8: 10 and
+    # 11 fit under 16's line (99.3 % full at 11), and the halved line guesses 12, which fails, where bisection probed 13
+    # first (12 s a failing probe). Two guesses that fail in a row mean the plans grow otherwise than in a line there:
+    # a bisection step follows, so the search takes at most about twice bisection's probes.
+    mode, last, halve = "guess", None, 0
     while hi - lo > 1:
-        mid = {"guess": _guess(lo, hi, full), "next": lo + 1, "bisect": (lo + hi) // 2}[mode]
+        mid = {"guess": _guess(lo, hi, full, halve), "next": lo + 1, "bisect": (lo + hi) // 2}[mode]
         fits = ok(mid)
         lo, hi = (mid, hi) if fits else (lo, mid)
+        halve = halve + 1 if fits and mode == "next" else (halve if fits else 0)
         if mode == "guess":
             mode = "next" if fits else ("bisect" if last is False else "guess")
         else:
-            mode = "bisect" if mode == "next" and fits else "guess"
+            mode = "guess"
         last = fits
     if found is not None and shared_from <= lo:
         found["shared_from"] = shared_from
     return lo
 
 
-def _guess(lo: int, hi: int, full: dict[int, float]) -> int:
+def _guess(lo: int, hi: int, full: dict[int, float], halve: int = 0) -> int:
     """The batch in (lo, hi) the line through the plans of lo (fits) and hi (does not) says is the last to fit:
     plans grow about linearly with the batch between doublings (activations and buffers per sample), so this lands
     on or next to the answer where bisection takes log2(hi - lo) probes (SigLIP so400m fp8 between 8 and 16, BERT-base
-    fp16 between 128 and 256). Bisection's midpoint when either plan's fullness is unknown (hi refused by the bound)."""
+    fp16 between 128 and 256). `halve`: hi's excess over a full tile is halved that many times first (the caller's
+    Illinois step). Bisection's midpoint when either plan's fullness is unknown (hi refused by the bound)."""
     a, b = full.get(lo), full.get(hi)
     if a is None or b is None or b <= a:
         return (lo + hi) // 2
+    b = max(1.0 + (b - 1.0) / 2 ** halve, a + 1e-9) if b > 1.0 else b
     x = lo + (1.0 - a) * (hi - lo) / (b - a)
     return min(max(int(x), lo + 1), hi - 1)

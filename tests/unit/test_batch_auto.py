@@ -111,6 +111,27 @@ def test_the_search_finds_what_bisection_finds_in_fewer_probes(monkeypatch, grow
         assert len(probed) <= doubling + 2
 
 
+def test_a_line_that_undershoots_is_leaned_towards_the_batch_that_failed(monkeypatch):
+    """SigLIP so400m fp8's plans (how full the fullest tile is): 8 fits, 16 does not, the line's guess 10 fits and so
+    does 11 after it; the next guess halves 16's excess (Illinois) and lands on 12, which fails: the answer, 11, in
+    one failing probe fewer than bisection's 13 then 12."""
+    import tremula.batch_search as bs
+
+    full = {1: 0.5, 2: 0.55, 4: 0.7, 8: 0.897, 10: 0.951, 11: 0.993, 12: 1.068, 13: 1.112, 16: 1.185}
+    probed: list[int] = []
+
+    def fits_at(build, chip, dt, b, *args, **kwargs):
+        probed.append(b)
+        return full[b] <= 1.0, False, full[b]
+
+    monkeypatch.setattr(bs, "fits_at", fits_at)
+    monkeypatch.setattr(bs, "bound_limit", lambda *a, **k: 4096)
+    assert bs.find_max_batch(lambda b: None, load_chip(TINY16), "fp16") == 11
+    assert probed == [1, 2, 4, 8, 16, 10, 11, 12]
+    assert bs._guess(11, 16, full) == 12 and bs._guess(11, 16, full, halve=1) == 12
+    assert bs._guess(0, 100, {0: 0.0, 100: 3.0}) == 33 and bs._guess(0, 100, {0: 0.0, 100: 3.0}, halve=2) == 66
+
+
 def test_a_larger_batch_starts_at_the_budget_that_fitted_a_smaller_one(monkeypatch):
     """find_max_batch: every probe above the largest batch that fitted so far starts at the budget that plan came from
     (pipeline.plan_graph's from_budget); one below it, or before any fitted, starts at the first."""

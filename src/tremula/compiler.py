@@ -22,6 +22,7 @@ from tremula.fp8_calibration import calibration_job
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import (
+    GROW_STEPS,
     Progress,
     check_fp8,
     host_cycles,
@@ -358,7 +359,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                 raise TremulaError(f"internal: the plan's price from its lowering state {(comp, exch, sync)} is not "
                                    f"its Program's {tuple(made)}")
     else:
-        g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights)
+        g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights,
+                                                  grow=GROW_STEPS)
         program = None
     kept = auto_plans = None
     if require_fit and not mp.fits:

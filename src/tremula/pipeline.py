@@ -22,6 +22,7 @@ from tremula.plan.layers import untie_layer_vectors
 from tremula.plan.lower_ops import Lowerer, free_temp_fraction
 from tremula.plan.price import host_bytes, state_cycles
 from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers
+from tremula.plan.strategies import BUFFER_FRACTION, TEMP_FRACTION
 from tremula.program import Program, host_stream_bytes, streamed_weight_bytes
 from tremula.target.cost import host_transfer_cycles
 from tremula.target.step_cost import step_cycles
@@ -47,6 +48,11 @@ DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16":
 FREE = None  # a budget's operand fraction derived from the tile's free bytes (see plan_graph)
 PLAN_BUDGETS = ((FREE, None, False), (0.12, None, False), (0.12, 0.4, False), (FREE, 0.4, True), (0.12, 0.4, True),
                 (0.12, 0.3, False), (0.12, 0.2, False), (0.04, 0.2, False))
+# Lowerings a compile at a fixed batch spends growing the operand budget of a plan that fits into the bytes it left
+# free (plan_graph's `grow`; a batch search's probes do not). FREE's share of a tile is a rule of thumb made before any
+# plan exists; the plan that fits says what is left. BERT-base fp16 batch 128 left 20 KB of its fullest tile at the
+# FREE budget (0.233, 5,447 samples/s modelled); 0.252 overflowed, 0.243 too, 0.238 fit with 4.5 KB to spare at 5,663.
+GROW_STEPS = 3
 
 
 def canonical(graph: Graph) -> Graph:
@@ -187,6 +193,43 @@ def check_fp8(chip, dtype: str) -> None:
                            "use --dtype fp16")
 
 
+def _grown(g: Graph, chip, progress: Progress | None, layers, plan: tuple, budget: tuple, steps: int) -> tuple:
+    """The fastest of `plan` (state, memory plan, liveness, reserved; it fits, at operand budget `budget`) and the
+    plans that fit at larger operand budgets, `steps` lowerings at most: each tries the budget that gives the bytes the
+    last plan that fitted left free to the temporaries (whose budget is BUFFER_FRACTION / TEMP_FRACTION times the
+    operand budget), halving the step towards the last that fitted when one does not; a plan the same as the last
+    that fitted (cycles and peak) ends the growth. Two plans are alive at once."""
+    frac, perm, share, k_rounds = budget
+    level = plan[0].level_weights
+    best = (sum(state_cycles(plan[0], chip)), plan)
+    last = (best[0], plan[1].peak_bytes)  # the cycles and peak of the last plan that fitted
+    lo, failed = frac, float("inf")  # the largest budget that fitted, the smallest that did not
+
+    def step(mp) -> float:  # the next budget to try after a plan that fits
+        up = lo + (1.0 - plan_fullness(mp, chip)) * TEMP_FRACTION / BUFFER_FRACTION
+        return up if up < failed else (lo + failed) / 2
+
+    hi = step(plan[1])
+    for _ in range(steps):
+        if hi - lo < 1e-3:
+            break
+        state = Lowerer(g, chip, progress, temp_fraction=hi, perm_fraction=perm, share_layers=share, layers=layers,
+                        k_rounds=k_rounds, level_weights=level).lower()
+        mp, live, reserved = memory_plan(state, chip)
+        if mp.fits:
+            cycles = sum(state_cycles(state, chip))
+            if (cycles, mp.peak_bytes) == last:
+                break  # the same plan: the operand budget is not what limits it (ViT-B fp16 batch 8, BERT-base b16)
+            if cycles < best[0]:
+                best = (cycles, (state, mp, live, reserved))
+            lo, last = hi, (cycles, mp.peak_bytes)
+        else:
+            failed = hi
+        state = live = None
+        hi = step(mp) if mp.fits else (lo + failed) / 2
+    return best[1]
+
+
 def _streamed_plan(state, chip, mp, everything: bool):
     """(memory plan, liveness, reserved) of the lowered `state` with the fewest trailing layers of each run
     streamed from host memory that make it fit (plan/stream.py), or with all of them when `everything`. When
@@ -249,7 +292,7 @@ def plan_fullness(mp, chip) -> float:
 def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
                scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float",
                weights: str = "auto", lowest_peak: bool = True, fullness: list[float] | None = None,
-               from_budget: int = 0, budget: list[int] | None = None):
+               from_budget: int = 0, budget: list[int] | None = None, grow: int = 0):
     """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
     shared_only: skip the budgets without shared layers (the caller knows they do not fit). lowest_peak: when no
     plan fits, return the one with the lowest peak (lowered again if it was not the last tried) rather than the last
@@ -259,7 +302,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     budget that fitted a smaller one). weights: "resident"
     keeps every weight on the chip; "auto" streams the fewest layers' weights from host memory that make a
     shared-layer plan fit when it does not (before a tighter budget is tried); "streamed" streams every layer of
-    each run of identical layers (plan/stream.py)."""
+    each run of identical layers (plan/stream.py). grow: lowerings to spend growing the operand budget of a plan
+    that fits at the FREE budget into the bytes it leaves free (_grown); the fastest plan that fits is kept."""
     if weights not in WEIGHTS:
         raise TremulaError(f"unsupported --weights {weights!r}: use {', '.join(WEIGHTS)}")
     shared_only = shared_only or weights == "streamed"
@@ -289,6 +333,7 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         if first or b != budgets[-1][:3]:
             budgets += [(*b, "free"), (*b, "lean")] if first else [(*b, "lean")]
     last = -1  # the budget of the plan in hand
+    level = False  # shared layers' storage levelled (below)
     retry_lean = False  # the plan in hand took free K rounds, does not fit, and lean ones might
     for i, (frac, perm, share, k_rounds) in enumerate(budgets):
         if i < from_budget or frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
@@ -299,8 +344,20 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         tried_shared, last = tried_shared or share, i
         plan = state = live = None  # drop the previous lowering before making the next
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
-                        layers=layers, k_rounds=k_rounds).lower()
+                        layers=layers, k_rounds=k_rounds, level_weights=level).lower()
         mp, live, reserved = memory_plan(state, chip)
+        # Shared layers' storage levelled (plan/layers.spread_caps) when the fullest tile overflows by less than its
+        # weights exceed the mean tile's, and kept levelled for the budgets after it when that lowers the peak
+        if share and not level and not mp.fits and \
+                0 < mp.peak_bytes - chip.sram_bytes_per_tile <= mp.by_category.get("weights", 0) - state.placed.mean():
+            even = (state, mp, live, reserved)
+            state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
+                            layers=layers, k_rounds=k_rounds, level_weights=True).lower()
+            mp, live, reserved = memory_plan(state, chip)
+            level = mp.peak_bytes < even[1].peak_bytes
+            if not level:
+                state, mp, live, reserved = even
+            even = None
         # Retried lean (before any weights are streamed) unless the lean plan would be this one, or cannot fit either:
         # lean K rounds change only one matmul's buffers at a time, no help when the overflow is more than the most
         # they save (SigLIP so400m fp8 at batch 16: 70 KB over, 16 KB saved at most).
@@ -312,7 +369,7 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         if fullness is not None:
             fullness.append(plan_fullness(mp, chip))
         if best is None or mp.peak_bytes < best[0]:
-            best = (mp.peak_bytes, i, getattr(state, "streaming", None))
+            best = (mp.peak_bytes, i, getattr(state, "streaming", None), state.level_weights)
         # Budgets shrink only buffers, vertex state and exchange code: when the rest alone overflows, stop. A tighter
         # temporary budget shrinks buffers by cutting ops into more rounds, each with its own vertex state and exchange
         # code: it cannot help when the buffers are less than the overflow, nor when those per-round bytes already
@@ -338,9 +395,13 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         plan = state = live = None
         frac, perm, share, k_rounds = budgets[best[1]]
         state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
-                        layers=layers, k_rounds=k_rounds).lower()
+                        layers=layers, k_rounds=k_rounds, level_weights=best[3]).lower()
         plan = (state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies
         last = best[1]
+    if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
+        state = live = None
+        plan = _grown(g, chip, progress, layers, plan, budgets[last], grow)
+        state = plan[0]
     if budget is not None:
         budget.append(last)
     if weights == "streamed" and getattr(state, "streaming", None) is None:

@@ -87,7 +87,8 @@ def free_temp_fraction(graph: Graph, chip) -> float:
 class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
                  temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False,
-                 layers: dict[str, LayerKey] | None = None, replay: bool = True, k_rounds: str = "free"):
+                 layers: dict[str, LayerKey] | None = None, replay: bool = True, k_rounds: str = "free",
+                 level_weights: bool = False):
         super().__init__(chip.tiles)
         # node_key -> (run, index) of the repeated layers, found by structure (ir/layers.py) unless the caller did
         self.layers = find_layers(graph) if layers is None else layers
@@ -97,6 +98,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         # (pipeline.plan_graph retries a plan that does not fit lean only when they could make it fit)
         self.lean_saves = 0
         self.share_layers, self.replay = share_layers, replay  # replay: copy a run's first layer (plan/replay.py)
+        self.level_weights = level_weights  # shared layers' storage levelled (plan/layers.spread_caps)
         self._init_layers()
         self.graph, self.chip, self.progress = graph, chip, progress
         self.types = graph.types

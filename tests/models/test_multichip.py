@@ -100,13 +100,15 @@ def _tiny_system(tmp_path, chips: int) -> str:
 
 
 def test_the_fewest_stages_that_fit_are_chosen(tmp_path):
-    """On 16 tiles of 64 KiB, bert-tiny at batch 8 fits on no single chip but on a pipeline; a system of too few
-    chips says it does not fit."""
+    """On 16 tiles of 64 KiB, bert-tiny at batch 8 fits on no single chip but on a pipeline, whose stages divide the
+    chips (replicas use them all); a system of too few chips says it does not fit."""
     with pytest.raises(NoFit):
         compile_model("bert-tiny", str(TINY16), 8, "fp32")
     res = compile_system("bert-tiny", _tiny_system(tmp_path, 4), 8, "fp32")
-    assert 2 <= len(res.stages) <= 4 and res.replicas == 4 // len(res.stages)
-    for k in range(1, len(res.stages)):  # fewer stages than chosen do not fit
+    assert len(res.stages) in (2, 4) and res.replicas == 4 // len(res.stages)
+    for k in range(1, len(res.stages)):  # fewer stages that divide the chips do not fit
+        if 4 % k:
+            continue
         with pytest.raises(SystemDoesNotFit):
             compile_system("bert-tiny", _tiny_system(tmp_path, 4), 8, "fp32", stages=k)
     with pytest.raises(SystemDoesNotFit, match="does not fit on 1xtiny16"):
@@ -158,3 +160,31 @@ def test_batch_auto_on_a_system_answers_a_fixed_batch_file_for_its_own_batch(tmp
     with pytest.warns(Warning, match="fixed batch of 2"):
         res = compile_system(str(path), "2xc600", "auto", "fp16", stages=2)
     assert res.batch == 2 and res.auto is None
+
+
+def test_stage_counts_that_divide_the_chips_are_tried_first(monkeypatch):
+    """A model that fits in 3 stages but not in 2 gets 4 on a 4-chip system (3 would leave a chip idle), and 3 when
+    4 does not fit either."""
+    import tremula.multichip as mc
+
+    tried: list[int] = []
+    real_cuts, real_compile = mc.balanced_cuts, mc.compile_model
+
+    def cuts(graph, k, dt):
+        tried.append(k)
+        return real_cuts(graph, k, dt)
+
+    def compile_stage(graph, *a, **k):
+        if tried[-1] < 3 or tried[-1] in fails:
+            raise NoFit(f"{tried[-1]} stages: too big (forced)")
+        return real_compile(graph, *a, **k)
+
+    monkeypatch.setattr(mc, "balanced_cuts", cuts)
+    monkeypatch.setattr(mc, "compile_model", compile_stage)
+    fails: set[int] = set()
+    res = compile_system("gpt2-tiny", "4xc600", 2, "fp16")
+    assert tried == [1, 2, 4] and len(res.stages) == 4 and res.replicas == 1
+    tried.clear()
+    fails.add(4)
+    res = compile_system("gpt2-tiny", "4xc600", 2, "fp16")
+    assert tried == [1, 2, 4, 3] and len(res.stages) == 3 and res.replicas == 1

@@ -3,8 +3,8 @@
 `compile_system` cuts the canonical graph between layers into the fewest stages that fit (counts that divide the
 chips first; stages.py, balanced by FLOPs and weight bytes), compiles each stage for the system's chip as one
 Program, and joins them with Links: the values a stage sends to a later one, byte for byte. `simulate_system` runs
-the Programs in order and moves each Link's bytes; `check_system` compares the outputs with the whole model's float32 reference and each stage with its
-precision-matched reference.
+the Programs in order and moves each Link's bytes; `check_system` compares the outputs with the whole model's float32
+reference and each stage with its precision-matched reference.
 
 Timing is Poplar's pipelining, modelled: in every pipeline cycle all chips run their stage on a different batch
 (host input and output of each chip in series with its compute, as on one chip: compiler.CompileResult), then one
@@ -141,8 +141,7 @@ def compile_system(model: ModelSpec, system: System | str, batch: int | None = N
                    calibration: dict[str, np.ndarray] | None = None, partials: str = "half") -> SystemResult:
     """Compile `model` for a system: the fewest pipeline stages whose Programs all fit at `batch` among the counts that
     divide the system's chips, else among the others (up to the chips), or exactly `stages` when given; the chips left
-    over run replicas. batch="auto": the fastest
-    batch with the stages that batch 1 needs (_auto_batch)."""
+    over run replicas. batch="auto": the fastest batch with the stages that batch 1 needs (_auto_batch)."""
     t0 = time.perf_counter()
     if isinstance(system, str):
         system = load_system(system)
@@ -199,7 +198,7 @@ def _compile_at(model, system: System, batch, dtype: str, progress, stages, part
     graph = canonical(source)
     tried: list[str] = []
     # Stage counts that divide the chips first (replicas use every chip), fewest first: GPT-2 large fp16 b8 fits in 3
-    # stages on 4 C600s, which leaves one chip idle (977 samples/s) where 4 stages run 1,860
+    # stages on 4 C600s, which leaves one chip idle (977 samples/s) where 4 stages run 2,087
     counts = sorted(range(1, system.chips + 1), key=lambda k: (system.chips % k != 0, k))
     for k in [stages] if stages is not None else counts:
         cuts = balanced_cuts(graph, k, dt)

@@ -3,9 +3,10 @@
 A transformer's layers are the same ops on the same shapes. Lowered one after another, they still come out different:
 tile choices follow the weights placed so far and rotating cursors. In shared-layer mode the Lowerer rewinds those
 choices at the start of every layer of a run, so every layer makes the template layer's choices, and it stores each
-layer's matmul weights spread over all tiles (the same way in every layer; evenly, but for what the tiles held before
-the run) and streams them to every tile that computes with them. Then a layer differs from the next only in the addresses of its weights: one vertex state and one
-exchange program serve all of them, as an outlined function does.
+layer's matmul weights spread over all tiles (the same way in every layer: in even shares, or levelled against the
+weights the tiles held before the run, spread_caps) and streams them to every tile that computes with them. Then a
+layer differs from the next only in the addresses of its weights: one vertex state and one exchange program serve all
+of them, as an outlined function does.
 
 Why spread: with one placement per layer repeated 27 times, a tile holding a block of layer 0's fc1 would hold that
 block's copy for every layer (27 x 34 KB on SigLIP so400m), while other tiles hold none.

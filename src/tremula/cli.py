@@ -475,9 +475,9 @@ def _first_line(e: BaseException) -> str:
 SEQ_OPT = typer.Option(None, "--seq-len", min=1, help="Sequence length for text models.")
 SYSTEM_OPT = typer.Option(None, "--system",
                           help="Several chips: a built-in system (1xc600, 2xc600, 4xc600, bow2000; `tremula systems`) "
-                               "or a system TOML file. The model is cut into the fewest pipeline stages that fit (counts "
-                               "that divide the chips first), one chip each; chips left over run replicas. Replaces "
-                               "--chip.")
+                               "or a system TOML file. The model is cut into the fewest pipeline stages that fit "
+                               "(counts that divide the chips first), one chip each; chips left over run replicas. "
+                               "Replaces --chip.")
 STAGES_OPT = typer.Option(None, "--stages", min=1, help="With --system: exactly this many pipeline stages.")
 
 

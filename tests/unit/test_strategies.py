@@ -69,3 +69,18 @@ def test_merge_runs_joins_only_back_to_back_blocks():
     bias = (5, np.zeros(4, np.int64), np.ones(4, np.int64), cols)  # broadcast within a block: no merge
     t3, _ = _merge_runs(tl, [x, bias, out], ("float16", "float16", "float16"))
     assert len(t3) == 4
+
+
+def test_key_split_attention_fills_the_rounds_its_query_blocks_take():
+    """fill_rounds: SigLIP so400m fp8 b8's 128 heads x 5 key blocks in rounds of 1,470 units: 3 query blocks take 2
+    rounds, and so do 4 (smaller blocks, the same rounds); at b10 (160 heads) a fourth block would take a third round.
+    Never fewer blocks than the budget needs, nor more than rows."""
+    from tremula.plan.lower_attention import fill_rounds
+
+    assert fill_rounds(3, 729, 128 * 5, 1470) == 4
+    assert fill_rounds(3, 729, 160 * 5, 1470) == 3
+    assert fill_rounds(2, 50, 8 * 5, 1470) == 36 and fill_rounds(2, 20, 8 * 5, 1470) == 20  # one round; rows
+    for nq, sq, u, p in [(1, 197, 12, 16), (5, 64, 3, 9), (7, 7, 40, 100), (2, 300, 24, 1464)]:
+        n = fill_rounds(nq, sq, u, p)
+        assert nq <= n <= sq and -(-u * n // p) == -(-u * nq // p)
+        assert n == sq or -(-u * (n + 1) // p) > -(-u * nq // p)

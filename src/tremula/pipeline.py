@@ -193,14 +193,14 @@ def check_fp8(chip, dtype: str) -> None:
                            "use --dtype fp16")
 
 
-def _grown(g: Graph, chip, progress: Progress | None, layers, plan: tuple, budget: tuple, steps: int) -> tuple:
-    """The fastest of `plan` (state, memory plan, liveness, reserved; it fits, at operand budget `budget`) and the
+def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: int) -> tuple:
+    """The fastest of `plan` (state, memory plan, liveness, reserved; it fits, at operand budget `budget`; `lower` is
+    plan_graph's: a budget and levelling -> a lowered state) and the
     plans that fit at larger operand budgets, `steps` lowerings at most: each tries the budget that gives the bytes the
     last plan that fitted left free to the temporaries (whose budget is BUFFER_FRACTION / TEMP_FRACTION times the
     operand budget), halving the step towards the last that fitted when one does not; a plan the same as the last
     that fitted (cycles and peak) ends the growth. Two plans are alive at once."""
     frac, perm, share, k_rounds = budget
-    level = plan[0].level_weights
     best = (sum(state_cycles(plan[0], chip)), plan)
     last = (best[0], plan[1].peak_bytes)  # the cycles and peak of the last plan that fitted
     lo, failed = frac, float("inf")  # the largest budget that fitted, the smallest that did not
@@ -213,8 +213,7 @@ def _grown(g: Graph, chip, progress: Progress | None, layers, plan: tuple, budge
     for _ in range(steps):
         if hi - lo < 1e-3:
             break
-        state = Lowerer(g, chip, progress, temp_fraction=hi, perm_fraction=perm, share_layers=share, layers=layers,
-                        k_rounds=k_rounds, level_weights=level).lower()
+        state = lower((hi, perm, share, k_rounds), plan[0].level_weights)
         mp, live, reserved = memory_plan(state, chip)
         if mp.fits:
             cycles = sum(state_cycles(state, chip))
@@ -315,6 +314,12 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     futile: dict[bool, float] = {}  # share mode -> the budget below which its tighter budgets cannot help
     g = untie_layer_vectors(g)
     layers = find_layers(g)
+
+    def lower(budget: tuple, level: bool):  # one plan: (operand fraction, permanent fraction, share, K rounds)
+        frac, perm, share, k_rounds = budget
+        return Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share, layers=layers,
+                       k_rounds=k_rounds, level_weights=level).lower()
+
     layered = len(set(layers.values())) > 1  # identical layers to share, maybe
     if layered:
         if weights != "resident" and limits.needs(g, dtype).total > limits.chip_capacity(chip):
@@ -343,16 +348,14 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
             continue
         tried_shared, last = tried_shared or share, i
         plan = state = live = None  # drop the previous lowering before making the next
-        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
-                        layers=layers, k_rounds=k_rounds, level_weights=level).lower()
+        state = lower(budgets[i], level)
         mp, live, reserved = memory_plan(state, chip)
         # Shared layers' storage levelled (plan/layers.spread_caps) when the fullest tile overflows by less than its
         # weights exceed the mean tile's, and kept levelled for the budgets after it when that lowers the peak
         if share and not level and not mp.fits and \
                 0 < mp.peak_bytes - chip.sram_bytes_per_tile <= mp.by_category.get("weights", 0) - state.placed.mean():
             even = (state, mp, live, reserved)
-            state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
-                            layers=layers, k_rounds=k_rounds, level_weights=True).lower()
+            state = lower(budgets[i], True)
             mp, live, reserved = memory_plan(state, chip)
             level = mp.peak_bytes < even[1].peak_bytes
             if not level:
@@ -393,14 +396,12 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     assert best is not None and plan is not None
     if best[1] != last and lowest_peak:
         plan = state = live = None
-        frac, perm, share, k_rounds = budgets[best[1]]
-        state = Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share,
-                        layers=layers, k_rounds=k_rounds, level_weights=best[3]).lower()
+        state = lower(budgets[best[1]], best[3])
         plan = (state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies
         last = best[1]
     if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
         state = live = None
-        plan = _grown(g, chip, progress, layers, plan, budgets[last], grow)
+        plan = _grown(lower, chip, plan, budgets[last], grow)
         state = plan[0]
     if budget is not None:
         budget.append(last)

@@ -36,17 +36,20 @@ def _planner(monkeypatch, peak, cycles):
         p = int(peak(state.tf))
         return _MP(p, p <= chip.sram_bytes_per_tile), None, None
 
-    monkeypatch.setattr(pipeline, "Lowerer", Lowerer)
     monkeypatch.setattr(pipeline, "memory_plan", memory_plan)
     monkeypatch.setattr(pipeline, "state_cycles", lambda state, chip: (int(cycles(state.tf)), 0, 0))
-    return tried, memory_plan
+    return tried, Lowerer, memory_plan
 
 
 def _grow(monkeypatch, peak, cycles, tf0, steps=3):
-    tried, memory_plan = _planner(monkeypatch, peak, cycles)
-    first = pipeline.Lowerer(None, None, None, temp_fraction=tf0)
+    tried, Lowerer, memory_plan = _planner(monkeypatch, peak, cycles)
+    first = Lowerer(None, None, None, temp_fraction=tf0)
     plan = (first, *memory_plan(first, _Chip()))
-    state, mp, _, _ = pipeline._grown(None, _Chip(), None, None, plan, (tf0, None, True, "free"), steps)
+
+    def lower(budget, level):  # (plan_graph's)
+        return Lowerer(None, None, None, temp_fraction=budget[0], level_weights=level).lower()
+
+    state, mp, _, _ = pipeline._grown(lower, _Chip(), plan, (tf0, None, True, "free"), steps)
     return tried, state.tf, mp
 
 

@@ -125,7 +125,6 @@ class SharedLayers(LayerReplay):
         self._run: LayerKey | None = None  # (run, index) of the layer being lowered
         self._snap = None  # placement state at the start of the run's first layer
         self._spread: _Spread | None = None
-        self._run_caps: tuple | None = None  # (run, its layers' storage caps: spread_caps)
         self._carry: tuple[str, str] | None = None  # the layer's (input, output) hidden state
         self._carry_owner = ""  # the name of the layer's last node: the re-layout of its output is the layer's
         self._by_layer: dict | None = None  # layer -> its nodes, made on first use
@@ -180,10 +179,9 @@ class SharedLayers(LayerReplay):
         if self.steps and (self.steps[-1].groups or self.steps[-1].transfers):
             self.compute_empty()  # every layer starts on a step of its own, so all layers have the same steps
         self._run, self._carry, self._carry_owner = key, self._carried(key), owner
-        if self._run_caps is None or self._run_caps[0] != key[0]:  # (once a run: every layer starts alike)
-            self._run_caps = (key[0], spread_caps(self.wload, self._layer_bytes(key), self._run_length(key),
-                                                  self.level_weights))
-        self._spread = _Spread(self._run_caps[1].copy(), np.zeros(self.T, I64))
+        # (every layer of a run starts from the same weight loads, so gets the same caps)
+        self._spread = _Spread(spread_caps(self.wload, self._layer_bytes(key), self._run_length(key),
+                                           self.level_weights), np.zeros(self.T, I64))
         self._replayed = self._replay(key)
         if not self._replayed:
             self._record_start(key)

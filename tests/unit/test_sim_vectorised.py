@@ -274,6 +274,34 @@ def test_the_written_bitmap_answers_as_a_byte_map(moves_path):
     assert np.array_equal(np.unpackbits(m.written.reshape(-1), bitorder="little").astype(bool), ref)
 
 
+def test_range_checks_in_address_order_answer_as_a_byte_map(moves_path):
+    """A step's ranges (overlapping, touching, empty, on several tiles) marked and checked as their union in address
+    order: the same bytes as row by row, and an unwritten byte is found exactly when a byte map has one."""
+    from tremula.sim.functional import _sorted_rows, _union
+
+    rng = np.random.default_rng(8)
+    m = Machine.__new__(Machine)
+    m.size, m.mem, m.written = 256, np.zeros((3, 256), np.uint8), np.zeros((3, 32), np.uint8)
+    ref = np.zeros(3 * 256, bool)
+    for _ in range(200):
+        n = int(rng.integers(1, 8))
+        tile, lens = rng.integers(0, 3, n), rng.integers(0, 40, n)
+        start = np.array([int(rng.integers(0, 256 - x + 1)) for x in lens])
+        t, s, e, _ = _sorted_rows(tile, start, lens)
+        flat = m._map_ranges(t, s, e)
+        bad = m._first_unwritten(*flat)
+        missing = [int(b) for tt, a0, x in zip(tile, start, lens) for b in range(tt * 256 + a0, tt * 256 + a0 + x)
+                   if not ref[b]]
+        assert (bad is None) == (not missing) and (bad is None or bad in missing), (bad, missing)
+        if rng.random() < 0.5:
+            m._mark_ranges(*flat)
+            for tt, a0, x in zip(tile, start, lens):
+                ref[tt * 256 + a0: tt * 256 + a0 + x] = True
+    assert np.array_equal(np.unpackbits(m.written.reshape(-1), bitorder="little").astype(bool), ref)
+    starts, lens = _union(np.array([0, 3, 5, 20, 30]), np.array([4, 5, 9, 20, 31]))  # overlap, touch, empty, apart
+    assert starts.tolist() == [0, 20, 30] and lens.tolist() == [9, 0, 1]
+
+
 def test_check_json_reports_simulation_seconds():
     import json
     import subprocess

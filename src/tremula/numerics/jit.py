@@ -241,16 +241,17 @@ if numba is not None:
             tol = (0.5 * abs(x64) * (err + 4.5e-16) if gelu else err) + 4 * spacing
             y32 = np.float32(y)
             out[k] = y32
+            # By magnitude, without a branch (twice as fast as choosing the neighbour by sign): |y| must lie more
+            # than tol inside the halfway points to the float32 neighbours towards and away from zero. Outside the
+            # table, inf, NaN and zero go to the reference.
             b = _bits(y32)
-            if not inside or (b & _EXP) == _EXP or (b & np.uint32(0x7FFFFFFF)) == 0:
-                unsure[k] = 1  # (outside the table, inf, NaN, zero: the reference)
-                continue
-            up, down = _float(b + np.uint32(1)), _float(b - np.uint32(1))  # away from and towards zero
-            if y32 < 0:
-                up, down = down, up
-            lo = (np.float64(y32) + np.float64(down)) * 0.5
-            hi = (np.float64(y32) + np.float64(up)) * 0.5
-            unsure[k] = 0 if (y - lo > tol) and (hi - y > tol) else 1
+            mag = b & np.uint32(0x7FFFFFFF)
+            m64 = np.float64(_float(mag))
+            d = ay - m64
+            half_up = (np.float64(_float(mag + np.uint32(1))) - m64) * 0.5
+            half_down = (m64 - np.float64(_float(mag - np.uint32(1)))) * 0.5
+            sure = inside & ((b & _EXP) != _EXP) & (mag != 0) & (d + half_down > tol) & (half_up - d > tol)
+            unsure[k] = np.uint8(1 - sure)
 
 
 def erf_block(x: np.ndarray, gelu: bool, nodes_f, nodes_d, step: float, limit: float, err: float):

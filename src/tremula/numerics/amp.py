@@ -75,10 +75,11 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
     for xb, wb, ob, sb in blocks:
         a, m = np.empty_like(ob), np.empty_like(ob)  # scratch, reused by every group of the block
         part = np.empty_like(ob)  # each group's products (matmul's out: the same BLAS call, no allocation per group)
+        rs = jit.row_scale(ob, sb)  # (the compiled add's scale per row: made once a block, not once a group)
         for k0 in range(0, x.shape[-1], group):
             p = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :], out=part) if matmul is np.matmul else \
                 matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
-            if jit.add_round_half(ob, p, sb):  # (one pass; else the same sums in NumPy's passes)
+            if rs is not None and jit.add_round_half(ob, p, rows_scale=rs):  # (one pass; else NumPy's passes)
                 continue
             if sb is not None:
                 p *= sb

@@ -125,21 +125,33 @@ def round_half(v: np.ndarray) -> bool:
     return True
 
 
-def add_round_half(acc: np.ndarray, p: np.ndarray, scale=None) -> bool:
-    """acc = saturate_round_half(acc + p * scale) in place in one pass, scale None, one number, or one per entry of
-    acc's first axis (broadcasting over the rest); False (nothing done) when the kernel cannot take the arrays."""
-    if not ENABLED or not _flat32(acc) or not _flat32(p) or acc.shape != p.shape or acc.ndim == 0:
-        return False
+def row_scale(acc: np.ndarray, scale=None) -> np.ndarray | None:
+    """add_round_half's scale as float32, one per entry of acc's first axis (scale None, one number or one per
+    entry), to pass to it for every group of a block (no array made per call); None when the kernel cannot take
+    them."""
+    if not ENABLED or acc.ndim == 0:
+        return None
     rows = len(acc)
     if scale is None or np.ndim(scale) == 0:
         if scale is not None and np.float32(scale) != scale:  # (the NumPy path multiplies in scale's type)
-            return False
-        s = np.full(rows, 1.0 if scale is None else scale, np.float32)
-    else:
-        s = np.asarray(scale, np.float32)
-        if s.size != rows or np.asarray(scale).dtype != np.float32:
-            return False
-        s = s.reshape(rows)
+            return None
+        return np.full(rows, 1.0 if scale is None else scale, np.float32)
+    s = np.asarray(scale, np.float32)
+    if s.size != rows or np.asarray(scale).dtype != np.float32:
+        return None
+    return s.reshape(rows)
+
+
+def add_round_half(acc: np.ndarray, p: np.ndarray, scale=None, rows_scale: np.ndarray | None = None) -> bool:
+    """acc = saturate_round_half(acc + p * scale) in place in one pass, scale None, one number, or one per entry of
+    acc's first axis (broadcasting over the rest), or `rows_scale` (row_scale's) in its place; False (nothing done)
+    when the kernel cannot take the arrays."""
+    if not ENABLED or not _flat32(acc) or not _flat32(p) or acc.shape != p.shape or acc.ndim == 0:
+        return False
+    s = row_scale(acc, scale) if rows_scale is None else rows_scale
+    if s is None:
+        return False
+    rows = len(acc)
     _add_round_rows(acc.reshape(rows, -1), p.reshape(rows, -1), s)
     return True
 

@@ -7,7 +7,10 @@ read back), as `check` runs it; onnxruntime's is the best of three runs after a 
 compiling, building the session, loading the simulator's compiled kernels (numba's cache, about 2 s once a process:
 a tiny model is simulated in each dtype first) or generating the zoo model's seeded weights (made once before
 timing). Times are CPU seconds of this process (both sides run on one thread), so other work on a shared machine
-does not skew the ratio; wall seconds of the simulator are printed beside them. "exch MB" and "vx MB" are the bytes
+does not skew the ratio; wall seconds of the simulator are printed beside them, and "(sys)" is the part of its CPU
+seconds spent in the kernel: mostly faulting in the fresh pages that hold the tiles' memory. On the Firecracker VMs
+this project is measured on, a page the process has not touched before costs about 1.4 s a GB (bare metal: a tenth
+of that), so the first simulation of a model pays 1-2 s there that a second one in the same process does not. "exch MB" and "vx MB" are the bytes
 the Program's exchanges write and its vertices read and write in one forward: the simulator copies each of them at
 least once, so GB/s (their sum over simulator seconds) says how close it runs to that floor, and a plan that moves
 less simulates faster.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the simulator on one thread too (before NumPy loads BLAS)
@@ -81,7 +85,7 @@ def main() -> None:
         tiny = compile_model("vit-tiny", chip, 1, dtype)
         simulate(tiny.program, tiny.graph, make_feeds(canonical(load_model("vit-tiny", 1)), 0))
     print(f"{'model':24} {'batch':>5} {'dtype':>5} {'steps':>6} {'vertices':>9} {'exch MB':>8} {'vx MB':>7} "
-          f"{'sim s':>7} {'(wall)':>7} {'GB/s':>5} {'ort s':>6} {'sim/ort':>8}", flush=True)
+          f"{'sim s':>7} {'(sys)':>6} {'(wall)':>7} {'GB/s':>5} {'ort s':>6} {'sim/ort':>8}", flush=True)
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             feeds = make_feeds(canonical(load_model(model, batch)), 0)
@@ -89,14 +93,15 @@ def main() -> None:
                 res = compile_model(model, chip, batch, dtype)
                 for c in res.graph.constants.values():
                     c.value()  # the seeded weights are the model's, not the simulator's work
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0, c0, r0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
                 simulate(res.program, res.graph, feeds)
                 wall, sim = time.perf_counter() - t0, time.process_time() - c0
+                sys_s = resource.getrusage(resource.RUSAGE_SELF).ru_stime - r0.ru_stime
                 ort_s = ort_seconds(res.graph, feeds)
                 steps = len(res.program.steps)
                 ex, vx = bytes_moved(res.program)
                 print(f"{model:24} {batch:5d} {dtype:>5} {steps:6d} {res.program.n_vertices():9,d} {ex / 1e6:8,.0f} "
-                      f"{vx / 1e6:7,.0f} {sim:7.2f} {wall:7.2f} {(ex + vx) / sim / 1e9:5.1f} {ort_s:6.3f} "
+                      f"{vx / 1e6:7,.0f} {sim:7.2f} {sys_s:6.2f} {wall:7.2f} {(ex + vx) / sim / 1e9:5.1f} {ort_s:6.3f} "
                       f"{sim / ort_s:7.1f}x", flush=True)
 
 

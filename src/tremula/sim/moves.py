@@ -177,17 +177,16 @@ if numba is not None:
     def _blocks(mem, wmap, starts, src, row_stride, r0, c0, rows, row_bytes):
         # block i: rows r0[i].. of the source (row_stride bytes apart), row_bytes from byte c0[i] of each, written
         # back to back from flat offset starts[i] (and marked in the written map)
-        # Row by row across the blocks: the blocks of one weight are mostly its columns side by side, so the source
-        # is read in order, and narrow rows (BERT's word embedding is 768 blocks of one half a row) are a few byte
-        # stores each, not a memmove (block by block, 23 M memmoves of 2 bytes read the table 768 times: 1.6 s).
-        for r in range(rows):
-            for i in range(len(starts)):
-                d, s = starts[i] + r * row_bytes, (r0[i] + r) * row_stride + c0[i]
-                if row_bytes <= 16:
+        if row_bytes <= 16:  # narrow rows (BERT's word embedding: 768 blocks of one half a row): row by row across
+            for r in range(rows):  # the blocks, so the source is read in order, a few byte stores each
+                for i in range(len(starts)):
+                    d, s = starts[i] + r * row_bytes, (r0[i] + r) * row_stride + c0[i]
                     for b in range(row_bytes):
                         mem[d + b] = src[s + b]
-                else:
-                    _move(mem, d, src, s, row_bytes)
+        else:  # block by block, each destination written in order
+            for i in range(len(starts)):
+                for r in range(rows):
+                    _move(mem, starts[i] + r * row_bytes, src, (r0[i] + r) * row_stride + c0[i], row_bytes)
         if len(wmap) > 0:
             w64 = wmap.view(np.uint64)
             for i in range(len(starts)):

@@ -42,6 +42,11 @@ def liveness(state: LoweringState, streaming: Streaming | None = None) -> Livene
 
     def touch(bufs, t: int) -> None:
         bufs = np.asarray(bufs, I64).reshape(-1)
+        if len(bufs) > 1:  # a group's or a transfer set's buffers come in runs: the first of each run is enough
+            heads = np.empty(len(bufs), bool)
+            heads[0] = True
+            np.not_equal(bufs[1:], bufs[:-1], out=heads[1:])
+            bufs = bufs[heads]
         if len(bufs):  # repeated buffers all get the same t, so a plain fancy assignment is enough
             first[bufs] = np.minimum(first[bufs], t)
             last[bufs] = np.maximum(last[bufs], t)

@@ -53,12 +53,13 @@ def liveness(state: LoweringState, streaming: Streaming | None = None) -> Livene
 
     for s in state.host_in:
         touch([s.layout.buf], -1)
-    for k, st in enumerate(state.steps):
-        for g in st.groups:
-            touch(g.bufs, 2 * k)
-        for t in st.transfers:
-            touch(t.src_buf, 2 * k + 1)
-            touch(t.d_buf, 2 * k + 1)
+    flat = lambda a: np.asarray(a, I64).reshape(-1)  # noqa: E731
+    for k, st in enumerate(state.steps):  # a half-step's buffers in one touch (tens of thousands of calls less)
+        if st.groups:
+            touch(np.concatenate([flat(g.bufs) for g in st.groups]), 2 * k)
+        if st.transfers:
+            touch(np.concatenate([flat(t.src_buf) for t in st.transfers] + [flat(t.d_buf) for t in st.transfers]),
+                  2 * k + 1)
     for s in state.host_out:
         touch([s.layout.buf], 2 * len(state.steps))
     streamed = np.zeros(n, bool) if streaming is None else streaming.arrive >= 0

@@ -67,12 +67,18 @@ class Layout:
     def locate(self, r: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(tile, byte offset inside the buffer) of elements (r, c)."""
         rb, cb = self._luts()
-        bi, bj = rb[r], cb[c]
+        bi = rb[r]
+        if self.is_rows:  # (whole rows: no column block to look up)
+            return self.tiles[bi, 0], self.rel[bi, 0] + ((r - self.row_cuts[bi]) * self.cols + c) * self.itemsize
+        bj = cb[c]
         width = np.diff(self.col_cuts)[bj]
         off = ((r - self.row_cuts[bi]) * width + (c - self.col_cuts[bj])) * self.itemsize
         return self.tiles[bi, bj], self.rel[bi, bj] + off
 
     def locate_flat(self, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.is_rows:  # element e is byte (e - the block's first element) * itemsize of its row block
+            bi = self._luts()[0][e // self.cols]
+            return self.tiles[bi, 0], self.rel[bi, 0] + (e - self.row_cuts[bi] * self.cols) * self.itemsize
         return self.locate(e // self.cols, e % self.cols)
 
     def same_blocks(self, other: Layout) -> bool:

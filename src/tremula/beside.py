@@ -1,6 +1,7 @@
 """A function run beside the caller, on a second thread or in a forked process: check simulates beside its
-references (a process), and `compile --batch auto` plans beside the FP8 calibration (a thread: NumPy on large arrays
-releases the interpreter lock, and the plans it answers are kept in the caller's memory)."""
+references, and `compile --batch auto` plans beside the FP8 calibration (both in a process where the platform can
+fork: the caller keeps its own memory, the plans the search answers included, and the two share no interpreter
+lock)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tremula.errors import TremulaError
 # give it up, up to the interval when that one runs Python (the "convoy effect"). Measured on two cores when SigLIP
 # so400m fp8 batch 1's `check` ran its references on a thread (they run in a process now): the simulation beside them
 # took 62.0 s at the default, 56.1 s at 0.5 ms and 49.6 s at 0.1 ms (43.7 s alone; repeated runs on this virtual
-# machine vary by up to a fifth). It serves `--batch auto`'s search beside the FP8 calibration (so400m 58.8 -> 50.9 s).
+# machine vary by up to a fifth). It serves whatever runs on a thread where the platform cannot fork.
 SWITCH_INTERVAL = 1e-4
 _running: list[float] = []  # the interval before the first thread still running was started
 

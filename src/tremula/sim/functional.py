@@ -16,10 +16,11 @@ Check mode keeps a shadow "written" bitmap (one bit per byte), and fails with Si
 wrote (vertex operand, transfer source, host output), two vertices (or two transfers) writing overlapping bytes in one
 step, a vertex reading bytes another vertex of the same compute set writes (a read-after-write race: on the chip they
 run in parallel), and an exchange reading bytes the same exchange writes. A step's rules are checked before it moves
-a byte, over all its ranges at once (the map over their union in address order), and its writes marked after. In both modes an address outside the tile's
-SRAM or outside every planned buffer fails. Memory starts as zeros (pages the program never touches cost nothing); in
-check mode no unwritten byte is ever read, so its value cannot matter. A codelet's output buffers start as a poison
-pattern, so a byte a codelet forgot to write shows as a wrong but finite value.
+a byte, over all its ranges at once (the map over their union in address order), and its writes marked after. In
+both modes an address outside the tile's SRAM or outside every planned buffer fails. Memory starts as zeros (pages
+the program never touches cost nothing); in check mode no unwritten byte is ever read, so its value cannot matter. A
+codelet's output buffers start as a poison pattern, so a byte a codelet forgot to write shows as a wrong but finite
+value.
 """
 
 from __future__ import annotations

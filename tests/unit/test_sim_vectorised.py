@@ -302,6 +302,38 @@ def test_range_checks_in_address_order_answer_as_a_byte_map(moves_path):
     assert starts.tolist() == [0, 20, 30] and lens.tolist() == [9, 0, 1]
 
 
+def test_an_exchange_scanned_in_one_pass_is_judged_as_numpys_passes_judge_it(monkeypatch):
+    """moves.scan_rows (the compiled one-pass check of an exchange's sorted rows) against the NumPy passes: the same
+    error for overlapping destinations or a source another row writes, else the same source and destination bytes
+    for the written map, on random rows (overlapping, touching, empty) over three tiles."""
+    from tremula.numerics import jit
+    from tremula.sim.functional import SimCheckError
+
+    if jit.numba is None:
+        pytest.skip("numba is not installed (pip install tremula[fast])")
+    m = Machine.__new__(Machine)
+    m.size = 256
+
+    def judged(enabled, src, dst_t, dst_a, nb):
+        monkeypatch.setattr(jit, "ENABLED", enabled)
+        try:
+            ranges = m._check_exchange(0, src, dst_t, dst_a, nb)
+        except SimCheckError as e:
+            return str(e)
+        return [sorted({b for a, n in zip(*r) for b in range(int(a), int(a + n))}) for r in ranges]
+
+    rng = np.random.default_rng(9)
+    seen = set()
+    for _ in range(400):
+        ns, nd = int(rng.integers(0, 5)), int(rng.integers(1, 6))
+        src = (rng.integers(0, 3, ns), rng.integers(0, 200, ns), rng.integers(0, 40, ns))
+        dst_t, dst_a, nb = rng.integers(0, 3, nd), rng.integers(0, 200, nd), rng.integers(0, 40, nd)
+        want = judged(False, src, dst_t, dst_a, nb)
+        assert judged(True, src, dst_t, dst_a, nb) == want
+        seen.add(want.split(":")[1][:12] if isinstance(want, str) else "ok")
+    assert seen == {"ok", " two transfe", " the exchang"}  # every outcome was met
+
+
 def test_check_json_reports_simulation_seconds():
     import json
     import subprocess

@@ -672,20 +672,30 @@ class Machine:
         """An exchange's rules (_check_exchange's, and every source byte written before it), checked over the rows in
         address order; returns the destination ranges to mark once the rows are copied. `src` is (tile, address,
         bytes) of every source row once; the others have one entry per destination row."""
-        t, s, e, is_src = self._check_exchange(k, src, dst_t, dst_a, nb)
-        if self._first_unwritten(*self._map_ranges(t[is_src], s[is_src], e[is_src])) is not None:
+        sources, destinations = self._check_exchange(k, src, dst_t, dst_a, nb)
+        if self._first_unwritten(*sources) is not None:
             self._check_sources(k, *src)  # names the first unwritten byte in the transfers' order
             raise AssertionError("an unwritten source byte that no transfer reads")
-        return self._map_ranges(t[~is_src], s[~is_src], e[~is_src])
+        return destinations
 
     def _check_exchange(self, k: int, src, dst_t, dst_a, nb):
         """Destination rows must not overlap each other nor any source row of the same exchange: one sort of all
         rows by tile and address, then running maxima of the destination and source ends. `src` is (tile, address,
-        bytes) of each source row once. Returns the rows so sorted: (tile, start, end, is a source row)."""
+        bytes) of each source row once. Returns the sources' and the destinations' ranges for the written map
+        (_map_ranges). With the compiled moves, one pass over the sorted rows does it all (moves.scan_rows)."""
         src_t, src_a, src_nb = src
         is_src = np.concatenate([np.zeros(len(dst_t), bool), np.ones(len(src_t), bool)])
         t, s, e, src = _sorted_rows(np.concatenate([dst_t, src_t]), np.concatenate([dst_a, src_a]),
                                     np.concatenate([nb, src_nb]), is_src)
+        if moves.enabled():
+            clash, race, sources, destinations = moves.scan_rows(t, s, e, src, self.size)
+            if clash >= 0:
+                raise SimCheckError(f"step {k}: two transfers write overlapping bytes on tile {t[clash]} at byte "
+                                    f"{s[clash]}")
+            if race >= 0:
+                raise SimCheckError(f"step {k}: the exchange reads bytes it also writes (tile {t[race]}, byte "
+                                    f"{s[race]})")
+            return sources, destinations
         big = int(e.max()) + 1
         dmax = np.maximum.accumulate(np.where(~src, e, 0) + t * big) - t * big
         same = t[1:] == t[:-1]
@@ -698,7 +708,7 @@ class Machine:
         if race.any():
             i = int(np.flatnonzero(race)[0]) + 1
             raise SimCheckError(f"step {k}: the exchange reads bytes it also writes (tile {t[i]}, byte {s[i]})")
-        return t, s, e, src
+        return self._map_ranges(t[src], s[src], e[src]), self._map_ranges(t[~src], s[~src], e[~src])
 
 
 def simulate(program: Program, graph: Graph, feeds: dict[str, np.ndarray], check: bool = True,

@@ -173,6 +173,46 @@ if numba is not None:
 
 if numba is not None:
 
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _extend(starts, lens, n, fs, fe):
+        # add flat range [fs, fe) to a union built in address order (n ranges so far); the new count
+        if n == 0 or fs > starts[n - 1] + lens[n - 1]:
+            starts[n], lens[n] = fs, fe - fs
+            return n + 1
+        if fe > starts[n - 1] + lens[n - 1]:
+            lens[n - 1] = fe - starts[n - 1]
+        return n
+
+    @numba.njit(cache=True, nogil=True)
+    def _scan_rows(t, s, e, is_src, size, bad, s_start, s_len, d_start, d_len, counts):
+        # rows (tile, start, end, is a source) sorted by tile and start: bad[0] the first destination row overlapping
+        # an earlier destination on its tile, bad[1] the first row overlapping an earlier row of the other kind
+        # (-1: none); the unions of the sources' and the destinations' flat ranges
+        ns = nd = 0
+        dmax = smax = -1
+        cur = -1
+        bad[0] = bad[1] = -1
+        for i in range(len(t)):
+            if t[i] != cur:
+                cur, dmax, smax = t[i], -1, -1
+            fs, fe = t[i] * size + s[i], t[i] * size + e[i]
+            if is_src[i]:
+                if s[i] < dmax and bad[1] < 0:
+                    bad[1] = i
+                smax = max(smax, e[i])
+                ns = _extend(s_start, s_len, ns, fs, fe)
+            else:
+                if s[i] < dmax and bad[0] < 0:
+                    bad[0] = i
+                if s[i] < smax and bad[1] < 0:
+                    bad[1] = i
+                dmax = max(dmax, e[i])
+                nd = _extend(d_start, d_len, nd, fs, fe)
+        counts[0], counts[1] = ns, nd
+
+
+if numba is not None:
+
     @numba.njit(cache=True, nogil=True)
     def _blocks(mem, wmap, starts, src, row_stride, r0, c0, rows, row_bytes):
         # block i: rows r0[i].. of the source (row_stride bytes apart), row_bytes from byte c0[i] of each, written
@@ -244,3 +284,17 @@ def exchange(mem: np.ndarray, s0, s_stride, row_bytes, rows, dst_start, d0, d_st
     the simulator has first checked that no destination overlaps another or a source, so the order of the copies
     cannot matter, and that every source byte was written; it marks the destinations after."""
     _exchange(mem, _i64(s0), _i64(s_stride), _i64(row_bytes), _i64(rows), _i64(dst_start), _i64(d0), _i64(d_stride))
+
+
+def scan_rows(t: np.ndarray, s: np.ndarray, e: np.ndarray, is_src: np.ndarray, size: int):
+    """An exchange's rows (tile, start, end, is a source; sorted by tile and start, as functional._sorted_rows gives
+    them) in one pass: (index of the first destination row overlapping an earlier destination on its tile, index of
+    the first row overlapping an earlier row of the other kind (-1: none), (starts, lengths) of the union of the
+    sources' flat ranges (tile * size + address), the same of the destinations')."""
+    n = len(t)
+    bad, counts = np.zeros(2, np.int64), np.zeros(2, np.int64)
+    s_start, s_len, d_start, d_len = (np.empty(n, np.int64) for _ in range(4))
+    _scan_rows(_i64(t), _i64(s), _i64(e), np.ascontiguousarray(is_src, np.bool_), size, bad, s_start, s_len, d_start,
+               d_len, counts)
+    ns, nd = int(counts[0]), int(counts[1])
+    return int(bad[0]), int(bad[1]), (s_start[:ns], s_len[:ns]), (d_start[:nd], d_len[:nd])

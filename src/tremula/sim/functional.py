@@ -481,7 +481,7 @@ class Machine:
                         col.append(x)
             vx0 += len(g.tiles)
         marks = self._check_compute(k, runs, *(np.concatenate(c) for c in writes + reads)) \
-            if self.check and writes[0] else None
+            if self.check and (writes[0] or reads[0]) else None
         for g, cl, outs, nbytes in runs:
             for sel in _stacks(g, cl, nbytes):
                 self._run(k, g, cl, outs, sel, nbytes)

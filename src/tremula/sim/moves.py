@@ -63,13 +63,6 @@ if numba is not None:
             if wmap[i] != 0xFF:
                 return False
             i += 1
-        while i + 64 <= i1:  # 8 words ANDed before one test: a loop LLVM vectorises (a test a word is not)
-            acc = _ALL
-            for j in range(8):
-                acc &= w64[(i >> 3) + j]
-            if acc != _ALL:
-                return False
-            i += 64
         while i + 8 <= i1:
             if w64[i >> 3] != _ALL:
                 return False

@@ -195,11 +195,11 @@ def check_fp8(chip, dtype: str) -> None:
 
 def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: int) -> tuple:
     """The fastest of `plan` (state, memory plan, liveness, reserved; it fits, at operand budget `budget`; `lower` is
-    plan_graph's: a budget and levelling -> a lowered state) and the
-    plans that fit at larger operand budgets, `steps` lowerings at most: each tries the budget that gives the bytes the
-    last plan that fitted left free to the temporaries (whose budget is BUFFER_FRACTION / TEMP_FRACTION times the
-    operand budget), halving the step towards the last that fitted when one does not; a plan the same as the last
-    that fitted (cycles and peak) ends the growth. Two plans are alive at once."""
+    plan_graph's: a budget and levelling -> a lowered state) and the plans that fit at larger operand budgets, `steps`
+    lowerings at most: each tries the budget that gives the bytes the last plan that fitted left free to the
+    temporaries (whose budget is BUFFER_FRACTION / TEMP_FRACTION times the operand budget), halving the step towards
+    the last that fitted when one does not; a plan the same as the last that fitted (cycles and peak) ends the
+    growth. Two plans are alive at once."""
     frac, perm, share, k_rounds = budget
     best = (sum(state_cycles(plan[0], chip)), plan)
     last = (best[0], plan[1].peak_bytes)  # the cycles and peak of the last plan that fitted

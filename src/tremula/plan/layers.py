@@ -111,7 +111,7 @@ def spread_caps(before: np.ndarray, layer_bytes: int, layers: int, level: bool =
     ok = level_at >= lv  # (k tiles below the level, and the level below the next tile)
     ok[:-1] &= level_at[:-1] <= lv[1:]
     share = np.maximum(0.0, level_at[np.flatnonzero(ok)[0]] - before) / layers
-    return np.array([int(align(int(np.ceil(x)))) for x in share], np.int64)
+    return align(np.ceil(share).astype(np.int64))
 
 
 class SharedLayers(LayerReplay):

@@ -102,11 +102,12 @@ def lower_precision(graph: Graph, dtype: str, chip=None, scales: dict[str, int] 
     with calibrated activation scales, stored as codes for the AMP's quarter path; FP16 everywhere else. partials
     "half" (fp16 and fp8 only; needs the chip) marks the matmuls to accumulate in half partials
     (passes/precision.with_partials); float32 graphs always accumulate in float32."""
+    from tremula.passes.int32 import narrow_int64
     from tremula.passes.precision import PARTIALS, with_partials
 
     if partials not in PARTIALS:
         raise TremulaError(f"unsupported --partials {partials!r}: use half or float")
-    g = canonical(graph)
+    g = narrow_int64(canonical(graph))  # the chip has no 64-bit integers (passes/int32.py)
     if dtype == "fp8":
         from tremula.passes.precision import fp8_linear_casts, fp8_storage, with_scales
 

@@ -425,6 +425,12 @@ class Machine:
             if tuple(x.shape) != tuple(shape):
                 raise TremulaError(f"input {s.name!r} has shape {tuple(x.shape)}, the program expects {tuple(shape)}")
             flat = flats.get((s.name, s.dtype))
+            if flat is None and x.dtype.kind in "iu" and np.dtype(s.dtype).kind in "iu":
+                # int64 ids held as int32 (passes/int32.py): the host narrows them, and refuses what does not fit
+                lim = np.iinfo(s.dtype)
+                if x.size and (int(x.min()) < lim.min or int(x.max()) > lim.max):
+                    raise TremulaError(f"input {s.name!r} holds {int(x.min())}..{int(x.max())}, outside the "
+                                       f"program's {s.dtype} ({lim.min}..{lim.max})")
             if flat is None:
                 flat = flats[(s.name, s.dtype)] = np.ascontiguousarray(x.astype(s.dtype)).reshape(-1)
             isz = np.dtype(s.dtype).itemsize

@@ -22,3 +22,20 @@ def test_embedding_sum_with_a_broadcast_runs_on_rows_and_checks():
     assert not lookup.is_rows and len(lookup.col_cuts) - 1 == chip.tiles  # one table column block a tile
     assert state.layouts[add.outputs[0]].is_rows
     assert check_model("bert-tiny", chip, 4, "fp16").passed
+
+
+def test_a_small_table_is_looked_up_on_rows_and_the_sum_stays_there():
+    """BERT's token-type table (2 rows) is copied to the tiles of its output's rows, each picking its own tokens'
+    rows, where the word table (the vocabulary) keeps one column block a tile; the Add of the two then runs on the
+    rows, the layout over more tiles, and the position Add after it needs no move of its input."""
+    chip = load_chip("c600")
+    g, state, *_ = plan_graph(load_model("bert-tiny", 4), chip, "float16")
+    lookups = {n.name: n for n in g.nodes if n.op == "Gather"}
+    word = next(n for k, n in lookups.items() if "word" in k)
+    tt = next(n for k, n in lookups.items() if "token_type" in k)
+    assert "table columns" in state.strategies[word.name]
+    assert "the table on each of" in state.strategies[tt.name]
+    assert state.layouts[tt.outputs[0]].is_rows
+    emb_sum = next(n for n in g.nodes if n.op == "Add" and tt.outputs[0] in n.inputs)
+    assert state.layouts[emb_sum.outputs[0]].is_rows
+    assert check_model("bert-tiny", chip, 4, "fp16").passed

@@ -26,6 +26,7 @@ from tremula.plan.strategies import (
     BUFFER_FRACTION,
     FREE_SHARE,
     ROW_BLOCK_FRACTION,
+    SMALL_TABLE_FRACTION,
     TEMP_FRACTION,
     WEIGHT_FRACTION,
     SourceShape,
@@ -339,6 +340,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         # of its cycles), the op runs on rows.
         bcast = any(j and self.types[j].shape != ot.shape and view2d(self.types[j].shape)[0] > 1
                     for j in node.inputs)
+        ins = self._spread_first(ins, ot.shape)
         for i in ins:
             if i and self.types[i].shape == ot.shape and i not in self.graph.constants:
                 src = self.layout_of(i)
@@ -383,6 +385,19 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.compute([self.group(name, dtypes, tl, params, ops)], out)
         self.layouts[out] = lay
         self.strategies[node.name or out] = f"{node.op} on {len(lay.tiles.reshape(-1))} blocks"
+
+    def _spread_first(self, ins: list[str], shape) -> list[str]:
+        """The inputs in the order an element-wise op tries their layouts: as given, unless every full-shape input
+        lies in blocks of its own (whichever layout is kept, the others move), none of them the residual stream's
+        panels: then the one over the most tiles first, so the op runs on them (BERT's embedding sum: the word lookup's
+        768 column blocks and the token-type lookup's 1,472 row blocks; rows also suit the position Add after it)."""
+        full = [i for i in ins if i and self.types[i].shape == shape and i not in self.graph.constants]
+        lays = [self.layout_of(i) for i in full]
+        if len(full) < 2 or any(self._is_panels(a) for a in lays) or any(
+                a.same_blocks(b) for k, a in enumerate(lays) for b in lays[k + 1:]):
+            return ins
+        best = full[int(np.argmax([a.tiles.size for a in lays]))]
+        return [best] + [i for i in ins if i != best]
 
     # ------------------------------------------------------------------------------------------------ row ops
     def _lower_rows(self, node) -> None:
@@ -572,14 +587,16 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         v = dt.shape[0]
         d = int(np.prod(dt.shape[1:], dtype=I64))
         n = self.types[ids].size
+        it = self.types[ids]
+        isz = np.dtype(it.dtype).itemsize
+        src = self.layout_of(ids)
+        if self._lookup_rows(v, d, n, dt.dtype, isz):
+            return self._lower_lookup_rows(node, src, v, d, n, dt.dtype, it.dtype)
         parts = min(self.T, d)
         ccuts = even_cuts(d, parts)
         tl = self.take_tiles(len(ccuts) - 1)
         tbuf, trel = self.resident(f"{data}@{out}", data, dt.dtype, tl, 0, v, ccuts[:-1], ccuts[1:])
-        it = self.types[ids]
-        isz = np.dtype(it.dtype).itemsize
         ibuf = self.new_buffer(f"{ids}@{out}", "buffers", tl, n * isz)
-        src = self.layout_of(ids)
         # every table tile gets all the ids, row-major: the whole id matrix as one rectangle each
         self.exchange(gather_rects(src, 0, src.rows, 0, src.cols, tl, ibuf, 0, src.cols * isz))
         lay = self.alloc_layout(f"{out}@emb", n, d, dt.dtype, [0, n], ccuts, tl[None, :])
@@ -588,6 +605,40 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.compute([self.group("embed", (it.dtype, dt.dtype, dt.dtype), tl, [0], ops)], out)
         self.set_output(out, lay)
         self.strategies[node.name or out] = f"embedding lookup, table columns over {len(tl)} tiles"
+
+    def _lookup_rows(self, v: int, d: int, n: int, dtype: str, isz: int) -> bool:
+        """Whether a lookup copies its table to every tile of a row layout of its output, each tile picking the rows of
+        its own tokens, instead of spreading the table's columns over the tiles, each of which then receives every id
+        and picks one column of every token. Only a table within SMALL_TABLE_FRACTION of a tile (BERT's token types:
+        2 x 768 halves), and only when the cost model prices it cheaper: the busiest tile's copies and receives."""
+        tsz = np.dtype(dtype).itemsize
+        if v * d * tsz > SMALL_TABLE_FRACTION * self.chip.sram_bytes_per_tile:
+            return False
+        cols = cdiv(d, min(self.T, d))
+        rows = cdiv(n, self.row_parts(n, d, dtype))
+        by_cols = n * cost_terms.copy_cycles(self.chip, cols * tsz) + cost_terms.exchange_cycles(self.chip, 0, n * isz)
+        by_rows = (rows * cost_terms.copy_cycles(self.chip, d * tsz)
+                   + cost_terms.exchange_cycles(self.chip, 0, rows * isz + v * d * tsz))
+        return by_rows < by_cols
+
+    def _lower_lookup_rows(self, node, src: Layout, v: int, d: int, n: int, dtype: str, idtype: str) -> None:
+        """The lookup on a row layout of its output: the whole table on each of its tiles, each tile's ids (its rows'
+        tokens, in order) gathered from the id layout. The table is stored once, on the first of those tiles, and
+        multicast to the others' temporary buffers when the lookup runs."""
+        data, ids = node.inputs
+        out = node.outputs[0]
+        lay = self.row_layout(f"{out}@emb", n, d, dtype)
+        tl, cnt = lay.tiles[:, 0], np.diff(lay.row_cuts)
+        isz = np.dtype(idtype).itemsize
+        home = np.arange(len(tl)) == 0
+        tbuf, trel = self._weight_operand(f"{data}@{out}", data, dtype, tl, home, np.zeros(len(tl), I64), 0, v, 0, d)
+        ibuf = self.new_buffer(f"{ids}@{out}", "buffers", tl, cnt * isz)
+        tok = np.arange(n, dtype=I64)
+        self.exchange(gather_elems(src, tok, np.repeat(tl, cnt), ibuf, (tok - np.repeat(lay.row_cuts[:-1], cnt)) * isz))
+        ops = [(ibuf, 0, 1, cnt), (tbuf, trel, v, d), (lay.buf, lay.rel[:, 0], cnt, d)]
+        self.compute([self.group("embed", (idtype, dtype, dtype), tl, [0], ops)], out)
+        self.set_output(out, lay)
+        self.strategies[node.name or out] = f"embedding lookup, the table on each of {len(tl)} tiles of its rows"
 
     # ------------------------------------------------------------------------------------------------ matmul
     def _lower_linear(self, node, col0: int = 0) -> None:

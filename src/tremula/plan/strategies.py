@@ -30,6 +30,9 @@ ROW_BLOCK_FRACTION = 0.02
 # on one tile: 206 KB against a 291 KB mean of all weights); at the fixed operand budget, scaled with it
 # (weight_block_budget)
 WEIGHT_BLOCK_FRACTION = 0.05
+# of a tile's SRAM that a lookup table copied to every tile of its output's rows may take (lower_ops._lookup_rows;
+# BERT's token types, 2 x 768 halves, 3 KB); larger tables are spread by columns
+SMALL_TABLE_FRACTION = 0.01
 # of a tile's SRAM that one attention head's K and V may take on a tile; beyond it the keys are split over tiles
 ATTENTION_KV_FRACTION = 0.08
 

@@ -120,3 +120,45 @@ def test_a_big_stack_in_chunks_of_matrices_is_the_whole_stack(monkeypatch, dtype
             part = attention(q, k, v, 0.3, mask, allowed, group)
             assert part.dtype == whole.dtype and part.shape == whole.shape
             assert np.array_equal(part.view(np.uint8), whole.view(np.uint8))
+
+
+def _blocks(rng, nb=5, r=7, dv=12):
+    """Key blocks' partials as attention_partial leaves them: p @ v in half, row max and row sum in float32."""
+    pvs = [rng.standard_normal((r, dv)).astype(F16).astype(F32) * F32(4) for _ in range(nb)]
+    tops = [rng.standard_normal((r, 1)).astype(F32) * F32(3) for _ in range(nb)]
+    sums = [rng.uniform(1, 30, (r, 1)).astype(F32) for _ in range(nb)]
+    return pvs, tops, sums
+
+
+def test_half_combine_is_the_definition_in_half_arrays():
+    """With half partials the blocks' values combine in half (every product and running sum an astype to float16),
+    the weights and row sums in float32; the float path is the float32 formula."""
+    from tremula.numerics.attention import combine_blocks
+
+    rng = np.random.default_rng(3)
+    pvs, tops, sums = _blocks(rng)
+    top = np.max(tops, axis=0)
+    w = [np.exp(t - top).astype(F32) for t in tops]
+    den = w[0] * sums[0]
+    for b in range(1, len(w)):
+        den = den + w[b] * sums[b]
+    num = w[0].astype(F16) * pvs[0].astype(F16)
+    for b in range(1, len(w)):
+        num = num + w[b].astype(F16) * pvs[b].astype(F16)
+    want = (num.astype(F32) * (F32(1) / den)).astype(F16)
+    got = combine_blocks(pvs, tops, sums, half=True).astype(F16)
+    np.testing.assert_array_equal(got, want)
+    f = sum(wb * p for wb, p in zip(w, pvs)) / den
+    np.testing.assert_allclose(combine_blocks(pvs, tops, sums, half=False), f, rtol=1e-6)
+    assert not np.array_equal(got, f.astype(F16))  # the half path rounds where the float one does not
+
+
+def test_the_half_combine_is_priced_below_the_float_one():
+    c = codelet("attention_combine")
+    from tremula.target.chip import load_chip
+
+    chip = load_chip("c600")
+    shapes = [(37, 72)] * 5 + [(37, 2)] * 5 + [(37, 72)]
+    dts = ("float16",) * 5 + ("float32",) * 5 + ("float16",)
+    half, flt = c.cycles(chip, np.array([5, 16]), shapes, dts), c.cycles(chip, np.array([5, 0]), shapes, dts)
+    assert half < 0.7 * flt

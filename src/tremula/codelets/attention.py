@@ -21,7 +21,7 @@ import numpy as np
 
 from tremula.codelets import column, first, i2f, register
 from tremula.numerics.amp import store, widen
-from tremula.numerics.attention import exp_shifted, probabilities, scores, weighted_values
+from tremula.numerics.attention import combine_blocks, exp_shifted, probabilities, scores, weighted_values
 from tremula.target import cost_terms
 
 GROUP = {"attention": 6, "attention_partial": 7}  # the params column of each codelet's half-partials group
@@ -79,33 +79,32 @@ def _attention_partial(ops, params) -> None:
 
 
 def _attention_combine(ops, params) -> None:
-    # params: (blocks,). operands: `blocks` p @ v partials [r, dv], then `blocks` stats [r, 2] (attention_partial's),
-    # out [r, dv]; combined in float32
+    # params: (blocks, group). operands: `blocks` p @ v partials [r, dv], then `blocks` stats [r, 2]
+    # (attention_partial's), out [r, dv]; combined as numerics/attention.combine_blocks does, in half with half
+    # partials (group > 0), else in float32
     nb = first(params, 0)
-    pv = np.stack([widen(o) for o in ops[:nb]])
-    st = np.stack([widen(o) for o in ops[nb: 2 * nb]])
-    m = st[..., 0:1]
-    top = np.max(m, axis=0)
-    w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
-    # Summed block by block in block order: np.sum over the blocks' axis picks its order from the array's shape (a
-    # vertex alone and the same vertex in a stack came out one half ulp apart), this order is the same for any stack.
-    num, den = w[0] * pv[0], w[0] * st[0, ..., 1:2]
-    for b in range(1, nb):
-        num += w[b] * pv[b]
-        den += w[b] * st[b, ..., 1:2]
-    store(ops[-1], num / den)
+    st = [widen(o) for o in ops[nb: 2 * nb]]
+    out = combine_blocks([widen(o) for o in ops[:nb]], [x[..., 0:1] for x in st], [x[..., 1:2] for x in st],
+                         bool(first(params, 1)))
+    store(ops[-1], out)
 
 
 def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
-    nb = int(params[0])
+    nb, half = int(params[0]), bool(params[1])
     r, dv = shapes[-1]
-    # per block: a max, an exp of the rescale and a multiply-add over its rows; then one divide
+    vec = "float16" if half else "float32"
+    # per block: the row max and the rescale's exp and the row sum's multiply-add (float32, per row), and a multiply
+    # and an add over its values; then the row sums' reciprocal and one multiply (float: a divide) over the values
     per_block = (cost_terms.vector_cycles(chip, "max", r, "float32")
                  + cost_terms.vector_cycles(chip, "exp", r, "float32")
-                 + 2 * cost_terms.vector_cycles(chip, "mul", r * (dv + 1), "float32"))
+                 + 2 * cost_terms.vector_cycles(chip, "mul", r, "float32")
+                 + 2 * cost_terms.vector_cycles(chip, "mul", r * dv, vec))
+    if half:
+        return (nb * per_block + cost_terms.vector_cycles(chip, "divide", r, "float32")
+                + cost_terms.vector_cycles(chip, "mul", r * dv, vec))
     return nb * per_block + cost_terms.vector_cycles(chip, "divide", r * dv, "float32")
 
 
 register("attention_partial", _attention_partial, (-2, -1),
          partial(_attention_cycles, group_col=GROUP["attention_partial"]), uniform=(0, 1, 5, 7))
-register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles, uniform=(0,))
+register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles, uniform=(0, 1))

@@ -137,6 +137,35 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask: n
     return weighted_values(probabilities(s, bool(group)), v, group, mm).astype(q.dtype)
 
 
+def combine_blocks(pvs: list[np.ndarray], tops: list[np.ndarray], sums: list[np.ndarray], half: bool) -> np.ndarray:
+    """Key blocks' partials combined into attention's output, before its rounding to the output's dtype: each block's
+    unnormalised p @ v (float32 arrays of values in the attention's dtype, [..., r, dv]) with its row max and row sum
+    ([..., r, 1], float32). Each block is rescaled by w = exp(its max - the common max) and the weighted sum divided by
+    the weighted row sums, block by block in block order (NumPy's sum over a stacked axis picks its order from the
+    shape). The weights and the row sums stay in float32 (per row, few); the [r, dv] values:
+    - float: summed in float32 and divided once;
+    - half (half partials: the softmax's own path, values in half with float32 state): each weight rounded to half,
+      each product and each running sum rounded to half, as f16 vector multiplies and adds do, then multiplied by the
+      float32 reciprocal of the row sum, as the half softmax normalises (the caller's store rounds it once)."""
+    m = np.stack(tops)
+    top = np.max(m, axis=0)
+    w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
+    den = w[0] * sums[0]
+    for b in range(1, len(sums)):
+        den += w[b] * sums[b]
+    if not half:
+        num = w[0] * pvs[0]
+        for b in range(1, len(pvs)):
+            num += w[b] * pvs[b]
+        return num / den
+    wh = saturate_round_half(w)
+    num = saturate_round_half(wh[0] * pvs[0])
+    for b in range(1, len(pvs)):
+        num += saturate_round_half(wh[b] * pvs[b])
+        saturate_round_half(num)
+    return num * (np.float32(1) / den)
+
+
 def causal_allowed(sq: int, sk: int) -> np.ndarray:
     """Key j is allowed for query i iff j <= i + sk - sq (the reference's tril offset)."""
     return np.tril(np.ones((sq, sk), bool), k=sk - sq)

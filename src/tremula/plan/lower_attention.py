@@ -347,7 +347,7 @@ class AttentionLowering:
                        for jb, m in enumerate(mine)])
             cops.append((lay.buf, orel[ob], r_, dv))
             dts = (ot.dtype,) * nk + ("float32",) * nk + (ot.dtype,)
-            self.compute([self.group("attention_combine", dts, tl[oi], [nk], cops)], out, "combine", tag)
+            self.compute([self.group("attention_combine", dts, tl[oi], [nk, group], cops)], out, "combine", tag)
         self.set_output(value, lay)
         if nk > 1:
             self.split_sums[node.outputs[0]] = ("keys", tuple(int(c) for c in kcuts))

@@ -10,8 +10,9 @@ changes the arithmetic (the compile's `split_sums`: each split sum and its cuts,
 - a LayerNorm kept in place on nc column blocks combines per-block (mean, M2) moments (`layernorm_moments`,
   `layernorm_apply`);
 - an attention with keys split in nk blocks stores each block's unnormalised p @ v in the attention's dtype and
-  combines the blocks in float32 (`attention_partial`, `attention_combine`); each block's scores, exponentials and
-  p @ v are numerics/attention.py's, in half with half partials as the whole-head rule's.
+  combines the blocks (`attention_partial`, `attention_combine`; numerics/attention.combine_blocks: in half with half
+  partials, else in float32); each block's scores, exponentials and p @ v are numerics/attention.py's, in half with
+  half partials as the whole-head rule's.
 Each override repeats its codelets' formulas on the whole tensor (the codelets work on one tile's block of rows, and
 every formula here is per row, so the blocking of rows does not change a value).
 """
@@ -133,9 +134,10 @@ def _attention_ref(mm: MatMulFn) -> RefRule:
 
 def _key_split_ref(cuts: tuple[int, ...], mm: MatMulFn = _mm32) -> RefRule:
     """Attention over the key blocks between `cuts`: per block p @ v (stored in the attention's dtype), row max and row
-    sum; combined in float32 (codelets/attention.py _attention_partial, _attention_combine)."""
+    sum; combined as codelets/attention.py's _attention_combine does (numerics/attention.combine_blocks)."""
 
-    from tremula.numerics.attention import causal_allowed, exp_shifted, group_of, scores, weighted_values
+    from tremula.numerics.attention import (causal_allowed, combine_blocks, exp_shifted, group_of, scores,
+                                            weighted_values)
 
     def ref(xs, a):
         q, k, v = xs[:3]
@@ -151,14 +153,7 @@ def _key_split_ref(cuts: tuple[int, ...], mm: MatMulFn = _mm32) -> RefRule:
             pvs.append(weighted_values(p, v[..., k0:k1, :], group, mm).astype(q.dtype).astype(np.float32))
             tops.append(top.astype(np.float32))
             sums.append(total.astype(np.float32))
-        m = np.stack(tops)
-        top = np.max(m, axis=0)
-        w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(top), top, 0)), 0).astype(np.float32)
-        num, den = w[0] * pvs[0], w[0] * sums[0]  # block by block, in block order, as attention_combine sums them
-        for b in range(1, len(pvs)):
-            num += w[b] * pvs[b]
-            den += w[b] * sums[b]
-        return [(num / den).astype(q.dtype)]
+        return [combine_blocks(pvs, tops, sums, bool(group)).astype(q.dtype)]
 
     return ref
 

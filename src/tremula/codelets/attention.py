@@ -92,17 +92,18 @@ def _attention_combine(ops, params) -> None:
 def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
     nb, half = int(params[0]), bool(params[1])
     r, dv = shapes[-1]
-    vec = "float16" if half else "float32"
-    # per block: the row max and the rescale's exp and the row sum's multiply-add (float32, per row), and a multiply
-    # and an add over its values; then the row sums' reciprocal and one multiply (float: a divide) over the values
+    # per block: the row max and the rescale's exp (float32, per row), and a multiply-add over its values and row
+    # sum (float: all in float32, then a divide over the values; half: the values in half, the row sums in float32,
+    # then the row sums' reciprocal and one half multiply over the values)
     per_block = (cost_terms.vector_cycles(chip, "max", r, "float32")
-                 + cost_terms.vector_cycles(chip, "exp", r, "float32")
-                 + 2 * cost_terms.vector_cycles(chip, "mul", r, "float32")
-                 + 2 * cost_terms.vector_cycles(chip, "mul", r * dv, vec))
-    if half:
-        return (nb * per_block + cost_terms.vector_cycles(chip, "divide", r, "float32")
-                + cost_terms.vector_cycles(chip, "mul", r * dv, vec))
-    return nb * per_block + cost_terms.vector_cycles(chip, "divide", r * dv, "float32")
+                 + cost_terms.vector_cycles(chip, "exp", r, "float32"))
+    if not half:
+        per_block += 2 * cost_terms.vector_cycles(chip, "mul", r * (dv + 1), "float32")
+        return nb * per_block + cost_terms.vector_cycles(chip, "divide", r * dv, "float32")
+    per_block += (2 * cost_terms.vector_cycles(chip, "mul", r, "float32")
+                  + 2 * cost_terms.vector_cycles(chip, "mul", r * dv, "float16"))
+    return (nb * per_block + cost_terms.vector_cycles(chip, "divide", r, "float32")
+            + cost_terms.vector_cycles(chip, "mul", r * dv, "float16"))
 
 
 register("attention_partial", _attention_partial, (-2, -1),

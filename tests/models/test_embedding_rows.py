@@ -27,7 +27,7 @@ def test_embedding_sum_with_a_broadcast_runs_on_rows_and_checks():
 def test_a_small_table_is_looked_up_on_rows_and_the_sum_stays_there():
     """BERT's token-type table (2 rows) is copied to the tiles of its output's rows, each picking its own tokens'
     rows, where the word table (the vocabulary) keeps one column block a tile; the Add of the two then runs on the
-    rows, the layout over more tiles, and the position Add after it needs no move of its input."""
+    rows (lower_ops._rows_first), and the position Add after it needs no move of its input."""
     chip = load_chip("c600")
     g, state, *_ = plan_graph(load_model("bert-tiny", 4), chip, "float16")
     lookups = {n.name: n for n in g.nodes if n.op == "Gather"}

@@ -27,7 +27,8 @@ def test_embedding_sum_with_a_broadcast_runs_on_rows_and_checks():
 def test_a_small_table_is_looked_up_on_rows_and_the_sum_stays_there():
     """BERT's token-type table (2 rows) is copied to the tiles of its output's rows, each picking its own tokens'
     rows, where the word table (the vocabulary) keeps one column block a tile; the Add of the two then runs on the
-    rows (lower_ops._rows_first), and the position Add after it needs no move of its input."""
+    rows (lower_ops._spread_first: the inputs' layout over the most tiles), and the position Add after it needs no
+    move of its input."""
     chip = load_chip("c600")
     g, state, *_ = plan_graph(load_model("bert-tiny", 4), chip, "float16")
     lookups = {n.name: n for n in g.nodes if n.op == "Gather"}
@@ -39,3 +40,20 @@ def test_a_small_table_is_looked_up_on_rows_and_the_sum_stays_there():
     emb_sum = next(n for n in g.nodes if n.op == "Add" and tt.outputs[0] in n.inputs)
     assert state.layouts[emb_sum.outputs[0]].is_rows
     assert check_model("bert-tiny", chip, 4, "fp16").passed
+
+
+def test_an_elementwise_op_runs_on_the_inputs_layout_over_the_most_tiles():
+    """ViT's residual Adds at a small batch: the residual stream's rows lie on a few tiles, the projection's output
+    blocks on many; the Add runs on the latter (each input in blocks of its own, so one moves either way)."""
+    import numpy as np
+
+    g, state, *_ = plan_graph(load_model("vit-tiny", 2), load_chip("c600"), "float16")
+    adds = [n for n in g.nodes if n.op == "Add" and all(
+        i not in g.constants and g.types[i].shape == g.types[n.outputs[0]].shape for i in n.inputs)]
+    uneven = 0
+    for n in adds:
+        spread = [np.unique(state.layouts[i].tiles).size for i in n.inputs]
+        if spread[0] != spread[1]:
+            uneven += 1
+            assert np.unique(state.layouts[n.outputs[0]].tiles).size == max(spread), n.name
+    assert uneven

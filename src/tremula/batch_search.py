@@ -21,6 +21,11 @@ from tremula.pipeline import (
 )
 
 MAX_AUTO_BATCH = 4096
+# How full a tile a guess's plan must be for the search to try the batch after it next (find_max_batch): a plan this
+# close to full is at the edge the line aimed for; one further from it says the line overestimated the growth there,
+# and a new line from it guesses better than a step of one (BERT-base fp16: 137 at 96.0 %, 145 at 98.4 % each took a
+# step to 138 and 146 that fitted too). A search heuristic, not a chip fact.
+NEAR_FULL = 0.99
 
 
 def _needs(graph: Graph, dt: str, weights: str = "resident") -> tuple[limits.Need, limits.Need]:
@@ -186,9 +191,10 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         lo, hi = hi, hi * 2
     hi = min(hi, limit + 1)
     # Between the last batch that fit and the first that did not, guess from how full their plans are (_guess). A
-    # good guess fits and the batch after it does not, so a guess that fits is followed by the batch after it (near
-    # the answer the plans' fullness jumps: BERT-base fp16 fits at 140 with 96 % of a tile and not at 141 with 101 %,
-    # where the line kept guessing 143, then 142). When the batch after a guess fits too, the line through the batch
+    # good guess fits and the batch after it does not, so a guess that fits within NEAR_FULL of a tile is followed by
+    # the batch after it (near the answer the plans' fullness jumps: BERT-base fp16 once fitted at 140 with 96 % of a
+    # tile and not at 141 with 101 %, where the line kept guessing 143, then 142); a guess that fits further from full
+    # is followed by a new guess from it. When the batch after a guess fits too, the line through the batch
     # that failed undershoots: the next guess halves that batch's excess over a full tile (the Illinois method's
     # step), which leans it towards the failure, once more each time the failure is kept. SigLIP so400m fp8: 10 and
     # 11 fit under 16's line (99.3 % full at 11), and the halved line guesses 12, which fails, where bisection probed 13
@@ -201,7 +207,8 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         lo, hi = (mid, hi) if fits else (lo, mid)
         halve = halve + 1 if fits and mode == "next" else (halve if fits else 0)
         if mode == "guess":
-            mode = "next" if fits else ("bisect" if last is False else "guess")
+            near = full.get(mid, 1.0) >= NEAR_FULL
+            mode = ("next" if near else "guess") if fits else ("bisect" if last is False else "guess")
         else:
             mode = "guess"
         last = fits

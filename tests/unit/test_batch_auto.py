@@ -132,6 +132,29 @@ def test_a_line_that_undershoots_is_leaned_towards_the_batch_that_failed(monkeyp
     assert bs._guess(0, 100, {0: 0.0, 100: 3.0}) == 33 and bs._guess(0, 100, {0: 0.0, 100: 3.0}, halve=2) == 66
 
 
+def test_a_guess_that_fits_far_from_full_is_followed_by_a_new_guess(monkeypatch):
+    """BERT-base fp16's plans as the search met them (how full the fullest tile is; measured on the c600): 128 fits,
+    256 does not. The line guesses 137, which fits at 96 %: the line overestimated the growth, so the next probe is a
+    new guess (146), not 138; likewise after 146 at 98.6 %. A guess within NEAR_FULL of a tile is followed by the batch
+    after it. The answer, 150, in 5 probes after the doubling where stepping by one after every guess took 9 (137,
+    138, 155, 145, 146, 149, 150, 152, 151)."""
+    import tremula.batch_search as bs
+
+    full = {1: 0.69, 2: 0.703, 4: 0.532, 8: 0.608, 16: 0.696, 32: 0.795, 64: 0.947, 128: 0.963, 256: 1.449,
+            137: 0.9602, 138: 0.9609, 145: 0.9841, 146: 0.9856, 149: 0.9896, 150: 0.9829, 151: 1.054, 152: 1.056,
+            155: 1.051}
+    probed: list[int] = []
+
+    def fits_at(build, chip, dt, b, *args, **kwargs):
+        probed.append(b)
+        return full[b] <= 1.0, False, full[b]
+
+    monkeypatch.setattr(bs, "fits_at", fits_at)
+    monkeypatch.setattr(bs, "bound_limit", lambda *a, **k: 4096)
+    assert bs.find_max_batch(lambda b: None, load_chip(TINY16), "fp16") == 150
+    assert probed[9:] == [137, 146, 149, 151, 150]
+
+
 def test_a_larger_batch_starts_at_the_budget_that_fitted_a_smaller_one(monkeypatch):
     """find_max_batch: every probe above the largest batch that fitted so far starts at the budget that plan came from
     (pipeline.plan_graph's from_budget); one below it, or before any fitted, starts at the first."""

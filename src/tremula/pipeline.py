@@ -215,7 +215,7 @@ def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: i
         if hi - lo < 1e-3:
             break
         state = lower((hi, perm, share, k_rounds), plan[0].level_weights)
-        mp, live, reserved = memory_plan(state, chip)
+        mp, live, reserved = memory_plan(state, chip, both_orders=True)  # packed tighter where it can be
         if mp.fits:
             cycles = sum(state_cycles(state, chip))
             if (cycles, mp.peak_bytes) == last:

@@ -32,7 +32,7 @@ def _planner(monkeypatch, peak, cycles):
             tried.append(self.tf)
             return self
 
-    def memory_plan(state, chip):
+    def memory_plan(state, chip, streaming=None, both_orders=False):
         p = int(peak(state.tf))
         return _MP(p, p <= chip.sram_bytes_per_tile), None, None
 

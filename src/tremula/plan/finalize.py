@@ -80,11 +80,12 @@ def liveness(state: LoweringState, streaming: Streaming | None = None) -> Livene
     return Liveness(first, last)
 
 
-def memory_plan(state: LoweringState, chip, streaming: Streaming | None = None
+def memory_plan(state: LoweringState, chip, streaming: Streaming | None = None, both_orders: bool = False
                 ) -> tuple[MemoryPlan, Liveness, dict[str, np.ndarray]]:
     """The memory plan, with shared layer code where the lowering asked for it and the layers prove identical
     (state.sharing is set to what was shared, or None), and the weights of `streaming` streamed from the host
-    (plan/stream.py; state.streaming is set to it, or None). StreamConflict: the streaming cannot be done."""
+    (plan/stream.py; state.streaming is set to it, or None). StreamConflict: the streaming cannot be done.
+    both_orders: buffers placed by first moment and largest first, the lower peak kept (plan/memory.py)."""
     if streaming is not None and not streaming.any:
         streaming = None
     live = liveness(state, streaming)
@@ -105,7 +106,7 @@ def memory_plan(state: LoweringState, chip, streaming: Streaming | None = None
                          [b.sizes for b in state.bufs], live.first, live.last, state.T, reserved,
                          chip.sram_bytes_per_tile, sharing.runs if sharing is not None else (),
                          chip.operand_align_bytes, chip.non_interleaved_bytes_per_tile, apart, chip,
-                         streaming.alias if streaming is not None else None)
+                         streaming.alias if streaming is not None else None, (False, True) if both_orders else (False,))
         if sharing is None or not check_weight_strides(sharing, mp):
             break
         sharing = None  # weights not at one distance per tile: the layers cannot share exchange code; plan without

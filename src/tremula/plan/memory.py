@@ -83,37 +83,44 @@ def lowest_gap(spans, size: int, start: int = 0) -> int:
     return pos
 
 
-def first_fit(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, bump=None) -> np.ndarray:
-    """Offsets such that two buffers whose [first, last] ranges intersect never share bytes. `bump(b, pos, offset,
-    placed)`, when given, returns the lowest offset at or above pos that b's placement rules (memory elements) allow
-    against the buffers already placed; the search goes on from there."""
+def first_fit(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, bump=None, largest: bool = False) -> np.ndarray:
+    """Offsets such that two buffers whose [first, last] ranges intersect never share bytes, each placed at the lowest
+    offset clear of the placed buffers it meets in time: in order of their first moment (largest first among equals),
+    or, with `largest`, largest first (earliest first among equals). `bump(b, pos, offset, placed)`, when given,
+    returns the lowest offset at or above pos that b's placement rules (memory elements) allow against the buffers
+    already placed; the search goes on from there."""
     n = len(sizes)
     offset = np.zeros(n, np.int64)
     placed = np.zeros(n, bool)
-    order = np.lexsort((-sizes, first))
-    active: list[tuple[int, int, int]] = []  # (offset, end, last) of allocated, possibly expired, buffers
+    order = np.lexsort((first, -sizes)) if largest else np.lexsort((-sizes, first))
+    pf, pl, po, pe = (np.zeros(n, np.int64) for _ in range(4))  # placed buffers' first, last, offset, end
+    k = 0
     for b in order.tolist():
-        f = int(first[b])
-        active = [a for a in active if a[2] >= f]
-        active.sort()
-        size = int(sizes[b])
-        pos = lowest_gap(active, size)
+        f, la, size = int(first[b]), int(last[b]), int(sizes[b])
+        meet = (pf[:k] <= la) & (pl[:k] >= f)
+        o, e = po[:k][meet], pe[:k][meet]
+        srt = np.argsort(o, kind="stable")
+        spans = list(zip(o[srt].tolist(), e[srt].tolist()))
+        pos = lowest_gap(spans, size)
         while bump is not None and (nxt := bump(b, pos, offset, placed)) > pos:
-            pos = lowest_gap(active, size, nxt)
+            pos = lowest_gap(spans, size, nxt)
         offset[b] = pos
         placed[b] = True
-        active.append((pos, pos + size, int(last[b])))
+        pf[k], pl[k], po[k], pe[k] = f, la, pos, pos + size
+        k += 1
     return offset
 
 
-def fold_fit(sizes: np.ndarray, occ: np.ndarray, apart: np.ndarray | None = None, gap: int = 0) -> np.ndarray:
+def fold_fit(sizes: np.ndarray, occ: np.ndarray, apart: np.ndarray | None = None, gap: int = 0,
+             largest: bool = False) -> np.ndarray:
     """Offsets such that two classes whose folded occupancies occ[c] ([period] bool) intersect never share bytes,
-    and classes marked apart[c, d] keep `gap` bytes between them."""
+    and classes marked apart[c, d] keep `gap` bytes between them; placed in order of their first folded moment, or
+    largest first (first_fit's orders)."""
     n = len(sizes)
     offset = np.zeros(n, np.int64)
     start = np.where(occ.any(axis=1), occ.argmax(axis=1), 0)
     placed: list[int] = []
-    for c in np.lexsort((-sizes, start)).tolist():
+    for c in (np.lexsort((start, -sizes)) if largest else np.lexsort((-sizes, start))).tolist():
         p = np.array(placed, np.int64)
         p = p[(occ[p] & occ[c]).any(axis=1)]  # placed classes live at some same folded moment
         g = gap * apart[c, p] if apart is not None else np.zeros(len(p), np.int64)
@@ -124,7 +131,7 @@ def fold_fit(sizes: np.ndarray, occ: np.ndarray, apart: np.ndarray | None = None
 
 
 def _fold_run(run, maxsize: np.ndarray, first: np.ndarray, last: np.ndarray, partners: dict,
-              gap: int) -> tuple[np.ndarray, int]:
+              gap: int, largest: bool) -> tuple[np.ndarray, int]:
     """Offset of each member of a run's classes inside the run's region, and the region's size (classes holding a
     matmul's left operand and output `gap` apart)."""
     n_cls = int(run.cls.max()) + 1
@@ -143,14 +150,14 @@ def _fold_run(run, maxsize: np.ndarray, first: np.ndarray, last: np.ndarray, par
             occ[c] = True
         else:
             occ[c, (np.arange(f, last_ + 1) - run.start) % run.period] = True
-    off = fold_fit(sizes, occ, apart, gap)
+    off = fold_fit(sizes, occ, apart, gap, largest)
     return off[run.cls], int((off + sizes).max())
 
 
 def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.ndarray], first: np.ndarray,
                 last: np.ndarray, n_tiles: int, reserved: dict[str, np.ndarray], sram: int,
                 runs=(), alignment: int = ALIGN, code_region: int | None = None, apart=(),
-                elements=None, alias: np.ndarray | None = None) -> MemoryPlan:
+                elements=None, alias: np.ndarray | None = None, orders: tuple[bool, ...] = (False,)) -> MemoryPlan:
     """`apart`: (buffer, buffer, tiles) that must not share a memory element on those tiles, with `elements` (the
     chip) giving the element geometry. `alias[b]` >= 0: weight buffer b takes the addresses of that earlier weight
     buffer (streamed weights taking turns in one slot, plan/stream.py; their live ranges never meet)."""
@@ -177,28 +184,39 @@ def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.n
     act_base = align(cursor, alignment)
     # Activations and temporaries: one offset above each tile's weights, first fit over live ranges.
     maxsize = np.array([align(int(s.max()), alignment) if len(s) else 0 for s in sizes_of], np.int64)
-    offset = np.zeros(n, np.int64)
-    in_run = np.zeros(n, bool)
-    folded, regions = [], []
-    gap = elements.interleaved_element_bytes if elements is not None else 0
-    for run in runs:
-        in_run[run.members] = True
-        off, size = _fold_run(run, maxsize, first, last, partners, gap)
-        folded.append(off)
-        regions.append((size, int(first[run.members].min()), int(last[run.members].max())))
-    a_idx = np.flatnonzero(~is_w & ~in_run)
-    r_size, r_first, r_last = ((np.array(v, np.int64) for v in zip(*regions)) if regions
-                               else (np.zeros(0, np.int64),) * 3)
-    # Each first-fit item (a buffer, or a run's region) and where each of its buffers sits inside it.
-    item_of = np.full(n, -1, np.int64)
-    rel_of = np.zeros(n, np.int64)
-    item_of[a_idx] = np.arange(len(a_idx))
-    for r, (run, member_off) in enumerate(zip(runs, folded)):
-        item_of[run.members] = len(a_idx) + r
-        rel_of[run.members] = member_off
-    members = [[int(b)] for b in a_idx] + [run.members.tolist() for run in runs]
-    bump = None
-    if partners:
+    # `orders`: the orders of placement (first_fit's `largest`) to make, the lower peak kept. Neither packs every plan
+    # tighter (SigLIP so400m fp8 b8's fullest tile: 63.5 KiB free below its high-water mark by first moments, 21.9 KiB
+    # largest first; BERT-base fp16 b128 the other way), and the budget search (pipeline.plan_graph) keeps the first
+    # plan that fits, so a tighter packing there can pass over a faster plan: only the growth (pipeline._grown), which
+    # keeps the fastest, asks for both.
+    counts = np.array([len(t) for t in tiles_of], np.int64)
+    all_t = np.concatenate(tiles_of).astype(np.int64) if n else np.zeros(0, np.int64)
+    all_s = np.concatenate(sizes_of).astype(np.int64) if n else np.zeros(0, np.int64)
+    all_b = np.repeat(np.arange(n), counts)
+    act = ~is_w[all_b]
+
+    def place(largest: bool):
+        offset = np.zeros(n, np.int64)
+        in_run = np.zeros(n, bool)
+        folded, regions = [], []
+        gap = elements.interleaved_element_bytes if elements is not None else 0
+        for run in runs:
+            in_run[run.members] = True
+            off, size = _fold_run(run, maxsize, first, last, partners, gap, largest)
+            folded.append(off)
+            regions.append((size, int(first[run.members].min()), int(last[run.members].max())))
+        a_idx = np.flatnonzero(~is_w & ~in_run)
+        r_size, r_first, r_last = ((np.array(v, np.int64) for v in zip(*regions)) if regions
+                                   else (np.zeros(0, np.int64),) * 3)
+        # Each first-fit item (a buffer, or a run's region) and where each of its buffers sits inside it.
+        item_of = np.full(n, -1, np.int64)
+        rel_of = np.zeros(n, np.int64)
+        item_of[a_idx] = np.arange(len(a_idx))
+        for r, (run, member_off) in enumerate(zip(runs, folded)):
+            item_of[run.members] = len(a_idx) + r
+            rel_of[run.members] = member_off
+        members = [[int(b)] for b in a_idx] + [run.members.tolist() for run in runs]
+
         def bump(i: int, pos: int, offset: np.ndarray, placed: np.ndarray) -> int:
             """Lowest offset >= pos at which item i's buffers share no element with their placed partners."""
             nxt = pos
@@ -221,20 +239,19 @@ def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.n
                         need = element_end(lo_p[bad] + maxsize[p] - 1, elements) - act_base[tiles[bad]] - rel_of[m]
                         nxt = max(nxt, int(align(int(need.max()), alignment)))
             return nxt
-    off = first_fit(np.concatenate([maxsize[a_idx], r_size]), np.concatenate([first[a_idx], r_first]),
-                    np.concatenate([last[a_idx], r_last]), bump)
-    offset[a_idx] = off[: len(a_idx)]
-    for run, base, member_off in zip(runs, off[len(a_idx):].tolist(), folded):
-        offset[run.members] = base + member_off
-    # Highest byte used on each tile.
-    counts = np.array([len(t) for t in tiles_of], np.int64)
-    all_t = np.concatenate(tiles_of).astype(np.int64) if n else np.zeros(0, np.int64)
-    all_s = np.concatenate(sizes_of).astype(np.int64) if n else np.zeros(0, np.int64)
-    all_b = np.repeat(np.arange(n), counts)
-    hw = act_base.copy()
-    act = ~is_w[all_b]
-    np.maximum.at(hw, all_t[act], act_base[all_t[act]] + offset[all_b[act]] + all_s[act])
-    used = hw + sum(reserved.values())
+
+        off = first_fit(np.concatenate([maxsize[a_idx], r_size]), np.concatenate([first[a_idx], r_first]),
+                        np.concatenate([last[a_idx], r_last]), bump if partners else None, largest)
+        offset[a_idx] = off[: len(a_idx)]
+        for run, base, member_off in zip(runs, off[len(a_idx):].tolist(), folded):
+            offset[run.members] = base + member_off
+        # Highest byte used on each tile.
+        hw = act_base.copy()
+        np.maximum.at(hw, all_t[act], act_base[all_t[act]] + offset[all_b[act]] + all_s[act])
+        used = hw + sum(reserved.values())
+        return offset, used
+
+    offset, used = min((place(largest) for largest in orders), key=lambda p: int(p[1].max()))
     fullest = int(np.argmax(used))
     # Live bytes by category on the fullest tile over time.
     on = all_t == fullest

@@ -111,13 +111,11 @@ def test_the_search_finds_what_bisection_finds_in_fewer_probes(monkeypatch, grow
         assert len(probed) <= doubling + 2
 
 
-def test_a_line_that_undershoots_is_leaned_towards_the_batch_that_failed(monkeypatch):
-    """SigLIP so400m fp8's plans (how full the fullest tile is): 8 fits, 16 does not, the line's guess 10 fits and so
-    does 11 after it; the next guess halves 16's excess (Illinois) and lands on 12, which fails: the answer, 11, in
-    one failing probe fewer than bisection's 13 then 12."""
+def _replay(monkeypatch, full: dict[int, float]) -> tuple[int, list[int]]:
+    """find_max_batch against plans whose fullness is `full` (batch -> how full the fullest tile is): (the answer,
+    the batches probed in order)."""
     import tremula.batch_search as bs
 
-    full = {1: 0.5, 2: 0.55, 4: 0.7, 8: 0.897, 10: 0.951, 11: 0.993, 12: 1.068, 13: 1.112, 16: 1.185}
     probed: list[int] = []
 
     def fits_at(build, chip, dt, b, *args, **kwargs):
@@ -126,8 +124,17 @@ def test_a_line_that_undershoots_is_leaned_towards_the_batch_that_failed(monkeyp
 
     monkeypatch.setattr(bs, "fits_at", fits_at)
     monkeypatch.setattr(bs, "bound_limit", lambda *a, **k: 4096)
-    assert bs.find_max_batch(lambda b: None, load_chip(TINY16), "fp16") == 11
-    assert probed == [1, 2, 4, 8, 16, 10, 11, 12]
+    return bs.find_max_batch(lambda b: None, load_chip(TINY16), "fp16"), probed
+
+
+def test_a_line_that_undershoots_is_leaned_towards_the_batch_that_failed(monkeypatch):
+    """SigLIP so400m fp8's plans (how full the fullest tile is): 8 fits, 16 does not, the line's guess 10 fits and so
+    does 11 after it; the next guess halves 16's excess (Illinois) and lands on 12, which fails: the answer, 11, in
+    one failing probe fewer than bisection's 13 then 12."""
+    import tremula.batch_search as bs
+
+    full = {1: 0.5, 2: 0.55, 4: 0.7, 8: 0.897, 10: 0.951, 11: 0.993, 12: 1.068, 13: 1.112, 16: 1.185}
+    assert _replay(monkeypatch, full) == (11, [1, 2, 4, 8, 16, 10, 11, 12])
     assert bs._guess(11, 16, full) == 12 and bs._guess(11, 16, full, halve=1) == 12
     assert bs._guess(0, 100, {0: 0.0, 100: 3.0}) == 33 and bs._guess(0, 100, {0: 0.0, 100: 3.0}, halve=2) == 66
 
@@ -138,21 +145,11 @@ def test_a_guess_that_fits_far_from_full_is_followed_by_a_new_guess(monkeypatch)
     new guess (146), not 138; likewise after 146 at 98.6 %. A guess within NEAR_FULL of a tile is followed by the batch
     after it. The answer, 150, in 5 probes after the doubling where stepping by one after every guess took 9 (137,
     138, 155, 145, 146, 149, 150, 152, 151)."""
-    import tremula.batch_search as bs
-
     full = {1: 0.69, 2: 0.703, 4: 0.532, 8: 0.608, 16: 0.696, 32: 0.795, 64: 0.947, 128: 0.963, 256: 1.449,
             137: 0.9602, 138: 0.9609, 145: 0.9841, 146: 0.9856, 149: 0.9896, 150: 0.9829, 151: 1.054, 152: 1.056,
             155: 1.051}
-    probed: list[int] = []
-
-    def fits_at(build, chip, dt, b, *args, **kwargs):
-        probed.append(b)
-        return full[b] <= 1.0, False, full[b]
-
-    monkeypatch.setattr(bs, "fits_at", fits_at)
-    monkeypatch.setattr(bs, "bound_limit", lambda *a, **k: 4096)
-    assert bs.find_max_batch(lambda b: None, load_chip(TINY16), "fp16") == 150
-    assert probed[9:] == [137, 146, 149, 151, 150]
+    answer, probed = _replay(monkeypatch, full)
+    assert answer == 150 and probed[9:] == [137, 146, 149, 151, 150]
 
 
 def test_a_larger_batch_starts_at_the_budget_that_fitted_a_smaller_one(monkeypatch):

@@ -194,28 +194,28 @@ def plan_memory(cats: list[str], tiles_of: list[np.ndarray], sizes_of: list[np.n
     all_s = np.concatenate(sizes_of).astype(np.int64) if n else np.zeros(0, np.int64)
     all_b = np.repeat(np.arange(n), counts)
     act = ~is_w[all_b]
+    gap = elements.interleaved_element_bytes if elements is not None else 0
+    in_run = np.zeros(n, bool)
+    for run in runs:
+        in_run[run.members] = True
+    a_idx = np.flatnonzero(~is_w & ~in_run)
+    # Each first-fit item (a buffer, or a run's region); where each of its buffers sits inside it depends on the order
+    item_of = np.full(n, -1, np.int64)
+    item_of[a_idx] = np.arange(len(a_idx))
+    for r, run in enumerate(runs):
+        item_of[run.members] = len(a_idx) + r
+    members = [[int(b)] for b in a_idx] + [run.members.tolist() for run in runs]
+    r_first = np.array([int(first[run.members].min()) for run in runs], np.int64)
+    r_last = np.array([int(last[run.members].max()) for run in runs], np.int64)
 
     def place(largest: bool):
         offset = np.zeros(n, np.int64)
-        in_run = np.zeros(n, bool)
-        folded, regions = [], []
-        gap = elements.interleaved_element_bytes if elements is not None else 0
-        for run in runs:
-            in_run[run.members] = True
-            off, size = _fold_run(run, maxsize, first, last, partners, gap, largest)
-            folded.append(off)
-            regions.append((size, int(first[run.members].min()), int(last[run.members].max())))
-        a_idx = np.flatnonzero(~is_w & ~in_run)
-        r_size, r_first, r_last = ((np.array(v, np.int64) for v in zip(*regions)) if regions
-                                   else (np.zeros(0, np.int64),) * 3)
-        # Each first-fit item (a buffer, or a run's region) and where each of its buffers sits inside it.
-        item_of = np.full(n, -1, np.int64)
         rel_of = np.zeros(n, np.int64)
-        item_of[a_idx] = np.arange(len(a_idx))
-        for r, (run, member_off) in enumerate(zip(runs, folded)):
-            item_of[run.members] = len(a_idx) + r
-            rel_of[run.members] = member_off
-        members = [[int(b)] for b in a_idx] + [run.members.tolist() for run in runs]
+        folded, r_size = [], np.zeros(len(runs), np.int64)
+        for r, run in enumerate(runs):
+            off, r_size[r] = _fold_run(run, maxsize, first, last, partners, gap, largest)
+            folded.append(off)
+            rel_of[run.members] = off
 
         def bump(i: int, pos: int, offset: np.ndarray, placed: np.ndarray) -> int:
             """Lowest offset >= pos at which item i's buffers share no element with their placed partners."""

@@ -12,27 +12,11 @@ Usage: python benchmarks/op_table.py MODEL [--chip c600] [--dtype fp16] [--batch
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 
 from tremula.compiler import compile_model
-from tremula.ir.layers import find_layers, node_key
+from tremula.ir.layers import layer_roles
 from tremula.report.profile import build_profile
 from tremula.target.chip import load_chip
-
-
-def roles(graph) -> dict[str, str]:
-    """node key -> the key of the same node in the first layer of its run (itself outside runs)."""
-    at = find_layers(graph)
-    first: dict[tuple[str, int], list[str]] = defaultdict(list)  # (run, layer) -> its nodes in order
-    for n in graph.nodes:
-        k = node_key(n)
-        if k in at:
-            first[at[k]].append(k)
-    out = {}
-    for (run, idx), keys in first.items():
-        for p, k in enumerate(keys):
-            out[k] = first[(run, 0)][p]
-    return out
 
 
 def main() -> None:
@@ -46,7 +30,7 @@ def main() -> None:
     chip = load_chip(args.chip)
     res = compile_model(args.model, chip, args.batch, args.dtype)
     prof = build_profile(res, chip, keep_tile_cycles=False)
-    role = roles(res.graph)
+    role = layer_roles(res.graph)
     rows: dict[str, dict] = {}
     for o in prof.ops:
         r = rows.setdefault(role.get(o.node, o.node), {"op": o.op, "n": 0, "compute": 0, "exchange": 0, "sync": 0,

@@ -16,11 +16,11 @@ from tremula import limits
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node
 from tremula.ir.interp import infer_types
-from tremula.ir.layers import find_layers
+from tremula.ir.layers import find_layers, layer_roles, node_key
 from tremula.plan.finalize import StreamConflict, memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
-from tremula.plan.lower_ops import Lowerer, free_temp_fraction
-from tremula.plan.price import host_bytes, state_cycles
+from tremula.plan.lower_ops import MATMULS, Lowerer, free_temp_fraction
+from tremula.plan.price import host_bytes, node_cycles, state_cycles
 from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers
 from tremula.plan.strategies import BUFFER_FRACTION, TEMP_FRACTION
 from tremula.program import Program, host_stream_bytes, streamed_weight_bytes
@@ -53,6 +53,14 @@ PLAN_BUDGETS = ((FREE, None, False), (0.12, None, False), (0.12, 0.4, False), (F
 # plan exists; the plan that fits says what is left. BERT-base fp16 batch 128 left 20 KB of its fullest tile at the
 # FREE budget (0.233, 5,447 samples/s modelled); 0.252 overflowed, 0.243 too, 0.238 fit with 4.5 KB to spare at 5,663.
 GROW_STEPS = 3
+# After that, each of the costliest roles (a layer's op, the same in every layer of its run) may take more than the
+# plan-wide operand budget where its own steps leave bytes free (_grown_ops): these multiples of it, the larger first,
+# on the GROW_OP_ROLES matmuls and attentions that take the most cycles. The peak does not grow monotonically with a
+# budget (blocks and rounds change in steps): BERT-base fp16 b128's fc1 overflowed at 1.4x and 2x and fit at 1.5x
+# (32.14 M -> 31.32 M cycles); SigLIP so400m fp8 b8's attention fit at 2x (41.51 M -> 40.45 M), then its fc1
+# (-> 38.67 M), while fc2, whose steps hold the peak, overflowed at both. Each try is a lowering (1-2 s on these).
+GROW_OP_SCALES = (2.0, 1.5)
+GROW_OP_ROLES = 3
 
 
 def canonical(graph: Graph) -> Graph:
@@ -200,7 +208,8 @@ def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: i
     lowerings at most: each tries the budget that gives the bytes the last plan that fitted left free to the
     temporaries (whose budget is BUFFER_FRACTION / TEMP_FRACTION times the operand budget), halving the step towards
     the last that fitted when one does not; a plan the same as the last that fitted (cycles and peak) ends the
-    growth. Two plans are alive at once."""
+    growth. Two plans are alive at once. Returns the plan kept and the budget at which the plan stayed the same (0.0
+    when it did not), when that plan is the one kept: every op had that budget there and none changed."""
     frac, perm, share, k_rounds = budget
     best = (sum(state_cycles(plan[0], chip)), plan)
     last = (best[0], plan[1].peak_bytes)  # the cycles and peak of the last plan that fitted
@@ -219,7 +228,8 @@ def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: i
         if mp.fits:
             cycles = sum(state_cycles(state, chip))
             if (cycles, mp.peak_bytes) == last:
-                break  # the same plan: the operand budget is not what limits it (ViT-B fp16 batch 8, BERT-base b16)
+                # the same plan: the operand budget is not what limits it (ViT-B fp16 batch 8, BERT-base b16)
+                return best[1], (hi if cycles == best[0] else 0.0)
             if cycles < best[0]:
                 best = (cycles, (state, mp, live, reserved))
             lo, last = hi, (cycles, mp.peak_bytes)
@@ -227,7 +237,49 @@ def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: i
             failed = hi
         state = live = None
         hi = step(mp) if mp.fits else (lo + failed) / 2
+    return best[1], 0.0
+
+
+def _grown_ops(lower: Callable[..., Any], chip, plan: tuple, roles: list[str], steps: int,
+               unchanged_at: float = 0.0) -> tuple:
+    """The fastest of `plan` (it fits; `lower`: an operand-budget scale per role -> a lowered state) and the plans
+    where one role after another (in the order given) takes a larger operand budget than the plan-wide one
+    (GROW_OP_SCALES, the first that fits; a scale kept when its plan fits and is faster), `steps` lowerings at most.
+    Every try lowers the whole graph again (the roles kept so far included) and is checked by its own memory plan.
+    A scale whose budget is at most `unchanged_at` is not tried: the plan-wide growth gave every op that budget and
+    the plan stayed the same (_grown; ViT-B fp16 b8 and BERT-base b16 try none)."""
+    best = (sum(state_cycles(plan[0], chip)), plan)
+    scale: dict[str, float] = {}
+    tries = iter(range(steps))
+    for role in roles:
+        for s in GROW_OP_SCALES:
+            if s * plan[0].plan_fraction <= unchanged_at:
+                continue
+            if next(tries, None) is None:
+                return best[1]
+            state = lower({**scale, role: s})
+            mp, live, reserved = memory_plan(state, chip, both_orders=True)
+            if not mp.fits:
+                state = live = None
+                continue
+            cycles = sum(state_cycles(state, chip))
+            if cycles < best[0]:
+                best, scale = (cycles, (state, mp, live, reserved)), {**scale, role: s}
+            state = live = None
+            break  # the largest scale that fits ends the role's tries
     return best[1]
+
+
+def _budget_roles(g: Graph, layers: dict, state, chip) -> list[str]:
+    """The roles (ir/layers.layer_roles) of the ops that take an operand budget (matmuls, attention), the
+    GROW_OP_ROLES whose steps take the most cycles in `state` first."""
+    role = layer_roles(g, layers)
+    cycles: dict[str, int] = {}
+    for key, c in node_cycles(state, chip).items():
+        r = role.get(key, key)
+        cycles[r] = cycles.get(r, 0) + c
+    ops = {role.get(node_key(n), node_key(n)) for n in g.nodes if n.op in MATMULS or n.op == "Attention"}
+    return sorted(ops, key=lambda r: -cycles.get(r, 0))[:GROW_OP_ROLES]
 
 
 def _streamed_plan(state, chip, mp, everything: bool):
@@ -316,10 +368,10 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     g = untie_layer_vectors(g)
     layers = find_layers(g)
 
-    def lower(budget: tuple, level: bool):  # one plan: (operand fraction, permanent fraction, share, K rounds)
-        frac, perm, share, k_rounds = budget
+    def lower(budget: tuple, level: bool, op_scale: dict[str, float] | None = None):
+        frac, perm, share, k_rounds = budget  # one plan: (operand fraction, permanent fraction, share, K rounds)
         return Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share, layers=layers,
-                       k_rounds=k_rounds, level_weights=level).lower()
+                       k_rounds=k_rounds, level_weights=level, op_scale=op_scale).lower()
 
     layered = len(set(layers.values())) > 1  # identical layers to share, maybe
     if layered:
@@ -402,7 +454,12 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         last = best[1]
     if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
         state = live = None
-        plan = _grown(lower, chip, plan, budgets[last], grow)
+        plan, unchanged_at = _grown(lower, chip, plan, budgets[last], grow)
+        grown = (plan[0].plan_fraction, *budgets[last][1:])  # the budget the growth kept
+        level = plan[0].level_weights
+        state = live = None
+        plan = _grown_ops(lambda sc: lower(grown, level, sc), chip, plan, _budget_roles(g, layers, plan[0], chip),
+                          GROW_OP_ROLES * len(GROW_OP_SCALES), unchanged_at)
         state = plan[0]
     if budget is not None:
         budget.append(last)

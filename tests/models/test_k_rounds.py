@@ -37,9 +37,10 @@ def _force(monkeypatch, pk: int, rounds: bool):
             kw["pk_fix"] = pk
         return forced(choose_linear(chip, m, k, n, dtype, *a, **kw), k, dtype, kw.get("partials", "float"))
 
-    def pair(chip, m, k, n, n2, dtype, dtype2, pm_max, tf, src, perm, pk_fix, pn2_fix, partials, partials2, k_rounds):
+    def pair(chip, m, k, n, n2, dtype, dtype2, pm_max, tf, src, perm, pk_fix, pn2_fix, partials, partials2, k_rounds,
+             tf2=None):
         s1, s2 = choose_linear_pair(chip, m, k, n, n2, dtype, dtype2, pm_max, tf, src, perm, pk_fix or pk, pn2_fix,
-                                    partials, partials2, k_rounds)
+                                    partials, partials2, k_rounds, tf2)
         return forced(s1, k, dtype, partials), forced(s2, n, dtype2, partials2)
 
     monkeypatch.setattr(lower_ops, "choose_linear", one)

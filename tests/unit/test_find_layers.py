@@ -8,7 +8,7 @@ import pytest
 from tremula.frontends import load_model
 from tremula.ir import GraphBuilder
 from tremula.ir.graph import Constant, Graph, Node
-from tremula.ir.layers import find_layers, node_key
+from tremula.ir.layers import find_layers, layer_roles, node_key
 from tremula.pipeline import canonical
 
 # The zoo names each layer's nodes <prefix><index>.…: the oracle the structure must reproduce.
@@ -90,3 +90,20 @@ def test_a_block_wired_differently_is_not_a_layer_of_the_run_and_one_block_is_no
     found = find_layers(_stack(3, with_skip=True))  # block 2's residual reads block 0's output, not block 1's
     assert _partition(found) == [[f"{c}{i}" for c in "abcde"] for i in range(2)]
     assert find_layers(_stack(1)) == {}
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "vit-tiny"])
+def test_layer_roles_map_every_layer_onto_its_runs_first(name):
+    g = canonical(load_model(name, batch=2))
+    at, role = find_layers(g), layer_roles(g)
+    nodes = {node_key(n): n for n in g.nodes}
+    assert set(role) == set(at)
+    for k, r in role.items():
+        assert at[r] == (at[k][0], 0) and nodes[r].op == nodes[k].op
+        assert (r == k) == (at[k][1] == 0)
+    # a layer's nodes map one to one onto the first layer's
+    per_layer: dict = {}
+    for k, r in role.items():
+        per_layer.setdefault(at[k], []).append(r)
+    firsts = {key: sorted(v) for key, v in per_layer.items() if key[1] == 0}
+    assert all(sorted(v) == firsts[(key[0], 0)] for key, v in per_layer.items())

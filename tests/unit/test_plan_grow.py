@@ -49,24 +49,84 @@ def _grow(monkeypatch, peak, cycles, tf0, steps=3):
     def lower(budget, level):  # (plan_graph's)
         return Lowerer(None, None, None, temp_fraction=budget[0], level_weights=level).lower()
 
-    state, mp, _, _ = pipeline._grown(lower, _Chip(), plan, (tf0, None, True, "free"), steps)
-    return tried, state.tf, mp
+    (state, mp, _, _), unchanged_at = pipeline._grown(lower, _Chip(), plan, (tf0, None, True, "free"), steps)
+    return tried, state.tf, mp, unchanged_at
 
 
 def test_growth_gives_the_free_bytes_to_the_temporaries_and_keeps_the_fastest(monkeypatch):
     # fits up to 0.5; each step gives 0.6 of the free fraction (TEMP_FRACTION / BUFFER_FRACTION) to the budget
-    tried, tf, mp = _grow(monkeypatch, lambda t: 500 + 1000 * t, lambda t: 1000 - 100 * int(t * 10), 0.2)
+    tried, tf, mp, unchanged_at = _grow(monkeypatch, lambda t: 500 + 1000 * t, lambda t: 1000 - 100 * int(t * 10), 0.2)
     assert tried == pytest.approx([0.38, 0.452, 0.4808])
     assert tf == pytest.approx(0.452) and mp.fits  # 0.4808 is no faster: the first of the fastest is kept
+    assert unchanged_at == 0.0  # (each plan differed in its peak)
 
 
 def test_a_budget_that_overflows_halves_the_step_and_is_never_passed(monkeypatch):
     # fits up to 0.25: 0.28 does not, 0.19 (halfway back) does with 0.12 free, 0.262 does not, 0.226 does
-    tried, tf, mp = _grow(monkeypatch, lambda t: 500 + 2000 * t, lambda t: 1000 - 1000 * t, 0.1, steps=4)
+    tried, tf, mp, _ = _grow(monkeypatch, lambda t: 500 + 2000 * t, lambda t: 1000 - 1000 * t, 0.1, steps=4)
     assert tried == pytest.approx([0.28, 0.19, 0.262, 0.226])
     assert tf == pytest.approx(0.226) and mp.fits and mp.peak_bytes == 952
 
 
 def test_growth_stops_at_the_first_plan_the_budget_does_not_change(monkeypatch):
-    tried, tf, _ = _grow(monkeypatch, lambda t: 600, lambda t: 1000, 0.2)
+    tried, tf, _, unchanged_at = _grow(monkeypatch, lambda t: 600, lambda t: 1000, 0.2)
     assert tried == pytest.approx([0.44]) and tf == pytest.approx(0.2)
+    assert unchanged_at == pytest.approx(0.44)  # every op had 0.44 there: op growth needs no scale up to 2.2
+
+
+# ---- pipeline._grown_ops: each role's own operand budget, on the same synthetic planner ---------------------------
+
+
+def _grow_ops(monkeypatch, peak, cycles, roles, steps=10, unchanged_at=0.0):
+    """peak, cycles: functions of the op_scale dict the planner lowers with."""
+    tried: list[dict] = []
+
+    class State:
+        plan_fraction = 0.2
+
+        def __init__(self, scale):
+            self.scale = scale
+
+    def memory_plan(state, chip, streaming=None, both_orders=False):
+        p = int(peak(state.scale))
+        return _MP(p, p <= chip.sram_bytes_per_tile), None, None
+
+    def lower(scale):
+        tried.append(dict(scale))
+        return State(dict(scale))
+
+    monkeypatch.setattr(pipeline, "memory_plan", memory_plan)
+    monkeypatch.setattr(pipeline, "state_cycles", lambda state, chip: (int(cycles(state.scale)), 0, 0))
+    first = State({})
+    state, mp, _, _ = pipeline._grown_ops(lower, _Chip(), (first, *memory_plan(first, _Chip())), roles, steps,
+                                          unchanged_at)
+    return tried, state.scale, mp
+
+
+def test_each_role_takes_the_largest_budget_that_fits_when_it_is_faster(monkeypatch):
+    monkeypatch.setattr(pipeline, "GROW_OP_SCALES", (2.0, 1.4))
+    # a: 2x overflows, 1.4x fits and is faster; b: 2x fits but is no faster (not kept); c: 2x fits and is faster,
+    # on top of a's 1.4 (the peak adds up: a's extra bytes stay when c is tried)
+    extra = {"a": 700, "b": 0, "c": 100}
+    peak = lambda sc: 500 + sum(extra[r] * (s - 1) for r, s in sc.items())
+    gain = {"a": 300, "b": 0, "c": 200}
+    cycles = lambda sc: 2000 - sum(gain[r] * (s - 1) for r, s in sc.items())
+    tried, scale, mp = _grow_ops(monkeypatch, peak, cycles, ["a", "b", "c"])
+    assert tried == [{"a": 2.0}, {"a": 1.4}, {"a": 1.4, "b": 2.0}, {"a": 1.4, "c": 2.0}]
+    assert scale == {"a": 1.4, "c": 2.0} and mp.fits and mp.peak_bytes == 880
+
+
+def test_op_growth_keeps_the_plan_when_nothing_fits_and_counts_its_lowerings(monkeypatch):
+    monkeypatch.setattr(pipeline, "GROW_OP_SCALES", (2.0, 1.4))
+    tried, scale, mp = _grow_ops(monkeypatch, lambda sc: 900 + 1000 * len(sc), lambda sc: 1000 - len(sc),
+                                 ["a", "b", "c"], steps=3)
+    assert tried == [{"a": 2.0}, {"a": 1.4}, {"b": 2.0}]  # three lowerings, then it stops
+    assert scale == {} and mp.peak_bytes == 900
+
+
+def test_op_growth_skips_the_scales_the_plan_wide_growth_already_gave_every_op(monkeypatch):
+    monkeypatch.setattr(pipeline, "GROW_OP_SCALES", (2.0, 1.4))
+    # the plan stayed the same at 0.3 = 1.5 x the plan's 0.2: 1.4x is not tried, 2x is
+    tried, scale, _ = _grow_ops(monkeypatch, lambda sc: 900 + 1000 * len(sc), lambda sc: 1000 - len(sc), ["a", "b"],
+                                unchanged_at=0.3)
+    assert tried == [{"a": 2.0}, {"b": 2.0}] and scale == {}

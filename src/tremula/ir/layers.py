@@ -63,6 +63,18 @@ def find_layers(graph: Graph) -> dict[str, LayerKey]:
     return {node_key(n): key for n, key in zip(nodes, at) if key is not None and key[0] not in bad}
 
 
+def layer_roles(graph: Graph, at: dict[str, LayerKey] | None = None) -> dict[str, str]:
+    """node_key -> the key of the same node in the first layer of its run (its role: what the planner decides once
+    for every layer of the run), for the nodes in runs (`at`: find_layers' answer, made here when not given)."""
+    at = find_layers(graph) if at is None else at
+    layer: dict[LayerKey, list[str]] = {}  # (run, index) -> its nodes' keys in node order
+    for n in graph.nodes:
+        k = node_key(n)
+        if k in at:
+            layer.setdefault(at[k], []).append(k)
+    return {k: layer[(run, 0)][p] for (run, _), keys in layer.items() for p, k in enumerate(keys)}
+
+
 def _signatures(graph: Graph) -> np.ndarray:
     """One int per node: equal for nodes with the same op, attributes, input kinds and types, output types."""
     ids: dict[Hashable, int] = {}

@@ -14,7 +14,7 @@ from tremula.codelets.fp8 import format_id
 from tremula.codelets.norm import REDUCE_IDS
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph, Node
-from tremula.ir.layers import LayerKey, find_layers
+from tremula.ir.layers import LayerKey, find_layers, layer_roles
 from tremula.ir.ops import OPS, _norm_axis, rule
 from tremula.numerics.fp8 import fp8_format
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
@@ -89,11 +89,17 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
                  temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False,
                  layers: dict[str, LayerKey] | None = None, replay: bool = True, k_rounds: str = "free",
-                 level_weights: bool = False):
+                 level_weights: bool = False, op_scale: dict[str, float] | None = None):
         super().__init__(chip.tiles)
         # node_key -> (run, index) of the repeated layers, found by structure (ir/layers.py) unless the caller did
         self.layers = find_layers(graph) if layers is None else layers
         self.temp_fraction, self.perm_fraction = temp_fraction, perm_fraction
+        # role (ir/layers.layer_roles: a node of a run's first layer, or a node outside runs) -> its operand budget
+        # over temp_fraction: an op whose steps leave bytes free takes more than the plan-wide budget
+        # (pipeline._grown_ops)
+        self.op_scale = op_scale or {}
+        self.plan_fraction = temp_fraction
+        self.roles = layer_roles(graph, self.layers) if self.op_scale else {}
         self.k_rounds = k_rounds  # which K-round matmul plans to take (strategies.choose_linear)
         # bytes a tile would save at most, in one matmul's temporaries, with lean K rounds instead of free ones
         # (pipeline.plan_graph retries a plan that does not fit lean only when they could make it fit)
@@ -157,12 +163,19 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             self.owner, self.op = node.name or node.outputs[0], node.op
             if self.share_layers and self._enter(self.owner):
                 continue  # its layer is a copy of its run's first (plan/replay.py)
+            self.temp_fraction = self._fraction(node)  # what the node's strategies read
             getattr(self, "_lower_" + self._kind(node.op))(node)
+            self.temp_fraction = self.plan_fraction
         if self.share_layers:
             self._enter("")  # end the last run of layers
         for o in g.outputs:
             self.host_out.append(SymStream(o, self.layout_of(o)))
         return self
+
+    def _fraction(self, node: Node) -> float:
+        """The operand budget of `node`'s strategies: the plan-wide one, scaled for its role (op_scale)."""
+        key = node.name or node.outputs[0]
+        return self.plan_fraction * self.op_scale.get(self.roles.get(key, key), 1.0)
 
     @staticmethod
     def _kind(op: str) -> str:
@@ -686,7 +699,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             st, self.paired[nxt.name] = self._noting_lean(lambda rounds: min(
                 (choose_linear_pair(self.chip, m, k, n, n2, xt.dtype, self.types[nxt.inputs[0]].dtype, self.pm_max,
                                     self.temp_fraction, shape, self.perm_fraction, c, self._panel_parts(nxt.outputs[0]),
-                                    _partials(node), _partials(nxt), rounds) for c in cuts),
+                                    _partials(node), _partials(nxt), rounds, self._fraction(nxt)) for c in cuts),
                 key=lambda p: (p[0].over + p[1].over, p[0].cycles + p[1].cycles)))
         else:
             # Output columns cut at head boundaries when attention reads them per head (its head views), or in the

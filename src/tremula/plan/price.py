@@ -39,13 +39,27 @@ def state_cycles(state, chip) -> tuple[int, int, int] | None:
     weights stream from host memory (their bytes are counted from the Program's constants)."""
     if getattr(state, "streaming", None) is not None:
         return None
-    sharing = getattr(state, "sharing", None)
     comp = exch = sync = 0
-    memo: dict = {}
-    for k, s in enumerate(state.steps):
-        c, e, y = step_cycles(chip, _StateStep(s, k, sharing), memo)
+    for c, e, y in _step_prices(state, chip):
         comp, exch, sync = comp + c, exch + e, sync + y
     return comp, exch, sync
+
+
+def node_cycles(state, chip) -> dict[str, int]:
+    """Cycles of one forward by the node whose compute opens each step (steps that only exchange are left out),
+    as the profile attributes them (report/profile.py)."""
+    out: dict[str, int] = {}
+    for s, price in zip(state.steps, _step_prices(state, chip)):
+        if s.origin is not None:
+            out[s.origin.node] = out.get(s.origin.node, 0) + sum(price)
+    return out
+
+
+def _step_prices(state, chip):
+    sharing = getattr(state, "sharing", None)
+    memo: dict = {}
+    for k, s in enumerate(state.steps):
+        yield step_cycles(chip, _StateStep(s, k, sharing), memo)
 
 
 def host_bytes(state) -> tuple[int, int]:

@@ -288,14 +288,15 @@ def choose_linear_pair(chip, m: int, k: int, n: int, n2: int, dtype: str, dtype2
                        temp_fraction: float = TEMP_FRACTION, src: SourceShape | None = None,
                        perm_fraction: float | None = None, pk_fix: int = 0,
                        pn2_fix: int = 0, partials: str = "float",
-                       partials2: str = "float", k_rounds: str = "free") -> tuple[LinearStrategy, LinearStrategy]:
+                       partials2: str = "float", k_rounds: str = "free",
+                       temp_fraction2: float | None = None) -> tuple[LinearStrategy, LinearStrategy]:
     """Strategies for x[m, k] @ W1[k, n] followed (through element-wise ops) by h[m, n] @ W2[n, n2], such that the
     second's K parts are exactly the first's output-column blocks: every tile of the second then gathers whole
     source blocks, contiguous on both sides, and its exchange code does not grow with the rows (mismatched cuts
     cost one instruction per row and block on both sides: SigLIP so400m's fc2 took 140 of its 190 KB of exchange
     code per tile at batch 1). Minimises the two ops' cycles, over the first's column splits that the second can
     use as K splits. pk_fix: the first's K parts, pn2_fix: the second's output-column parts, when fixed. k_rounds: as
-    in choose_linear, for both."""
+    in choose_linear, for both. temp_fraction2: the second's operand budget, when not the first's."""
     # As in choose_linear: a fixed cut with more parts than the chip has tiles is dropped (pn = 1 then always fits).
     pk_fix, pn2_fix = (pk_fix if pk_fix <= chip.tiles else 0), (pn2_fix if pn2_fix <= chip.tiles else 0)
     best: tuple | None = None
@@ -305,7 +306,8 @@ def choose_linear_pair(chip, m: int, k: int, n: int, n2: int, dtype: str, dtype2
         src2 = None if src is None else SourceShape(cdiv(m, first.pm), cdiv(n, pn), src.out_rows, src.n_linear, pn)
         if pn * max(pn2_fix, 1) > chip.tiles:
             continue
-        second = choose_linear(chip, m, n, n2, dtype2, pm_max, temp_fraction, src2, perm_fraction, pn_fix=pn2_fix,
+        second = choose_linear(chip, m, n, n2, dtype2, pm_max, temp_fraction if temp_fraction2 is None else
+                               temp_fraction2, src2, perm_fraction, pn_fix=pn2_fix,
                                pk_fix=pn, partials=partials2, k_rounds=k_rounds)
         key = (first.over + second.over, first.cycles + second.cycles, pn)
         if best is None or key < best[0]:

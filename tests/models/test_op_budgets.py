@@ -20,7 +20,7 @@ def test_a_role_planned_on_its_own_budget_checks(tmp_path, monkeypatch):
     plain = compile_model("vit-tiny", chip, 8, "fp32")
     forced_roles = []
 
-    def forced(lower, chip, plan, roles, steps):  # the growth replaced by one role at a quarter of the budget
+    def forced(lower, chip, plan, roles, steps, unchanged_at):  # the growth: one role at a quarter of the budget
         role = next(r for r in roles if r.endswith("layer.0.output.dense"))  # fc2
         forced_roles.append(role)
         state = lower({role: 0.25})

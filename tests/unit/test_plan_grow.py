@@ -130,3 +130,28 @@ def test_op_growth_skips_the_scales_the_plan_wide_growth_already_gave_every_op(m
     tried, scale, _ = _grow_ops(monkeypatch, lambda sc: 900 + 1000 * len(sc), lambda sc: 1000 - len(sc), ["a", "b"],
                                 unchanged_at=0.3)
     assert tried == [{"a": 2.0}, {"b": 2.0}] and scale == {}
+
+
+def test_the_roles_tried_are_the_budgeted_ops_that_take_the_most_cycles_over_their_layers(monkeypatch):
+    from tremula.frontends import load_model
+    from tremula.ir.layers import find_layers, layer_roles
+
+    g = pipeline.canonical(load_model("bert-tiny", batch=2))
+    layers = find_layers(g)
+    role = layer_roles(g, layers)
+    by_op = {n.op: [] for n in g.nodes}
+    for n in g.nodes:
+        by_op[n.op].append(n.name or n.outputs[0])
+    linears = [k for k in by_op["Linear"] if k in role]
+    q, o = role[linears[0]], role[linears[-1]]  # the first and the last Linear of the layers
+    gelu = next(k for k in by_op["Gelu"] if k in role)
+    # cycles per node: the last Linear of layer 1 alone outweighs the first's two layers; a Gelu (no operand
+    # budget) costs the most; every other op costs nothing, so the third role is the first budgeted op in node order
+    later_o = next(k for k in linears if role[k] == o and k != o)
+    cycles = {q: 30, next(k for k in linears if role[k] == q and k != q): 30, later_o: 100, gelu: 1000}
+    monkeypatch.setattr(pipeline, "node_cycles", lambda state, chip: cycles)
+    monkeypatch.setattr(pipeline, "GROW_OP_ROLES", 3)
+    first_budgeted = next(role.get(k, k) for k in (n.name or n.outputs[0] for n in g.nodes
+                                                   if n.op in pipeline.MATMULS or n.op == "Attention")
+                          if role.get(k, k) not in (q, o))
+    assert pipeline._budget_roles(g, layers, None, None) == [o, q, first_budgeted]

@@ -74,6 +74,17 @@ def tile_room(graph: Graph, chip) -> tuple[int, int]:
     return chip.sram_bytes_per_tile - BASE_CODE_BYTES - code, lin_bytes
 
 
+def _keeps_order(node: Node, types) -> bool:
+    """A Transpose that moves only axes of size 1 (a sequence-first [S, 1, D] view of [1, S, D] at batch 1): its
+    elements keep their order, so it is a Reshape, in place."""
+    if node.op != "Transpose":
+        return False
+    shape = types[node.inputs[0]].shape
+    perm = list(node.attrs.get("perm") or reversed(range(len(shape))))
+    moved = [p for p in perm if shape[p] != 1]
+    return moved == sorted(moved)
+
+
 def free_temp_fraction(graph: Graph, chip) -> float:
     """The operand-block budget (a Lowerer's temp_fraction) of the first, fastest plan, from what a tile has left
     once code and one copy of every matmul weight are placed: an op's temporaries may take FREE_SHARE of that (its
@@ -549,7 +560,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         outs = node.outputs
         if node.op == "Split" and self._split_free(node):
             return
-        if node.op in ("Reshape", "Identity") and ins[0] not in self.graph.constants:
+        in_place = node.op in ("Reshape", "Identity") or _keeps_order(node, self.types)
+        if in_place and ins[0] not in self.graph.constants:
             rows, cols = view2d(self.types[outs[0]].shape)
             free = reshape_free(self.layout_of(ins[0]), rows, cols)
             if free is not None:

@@ -355,7 +355,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     keeps every weight on the chip; "auto" streams the fewest layers' weights from host memory that make a
     shared-layer plan fit when it does not (before a tighter budget is tried); "streamed" streams every layer of
     each run of identical layers (plan/stream.py). grow: lowerings to spend growing the operand budget of a plan
-    that fits at the FREE budget into the bytes it leaves free (_grown); the fastest plan that fits is kept."""
+    that fits at the FREE budget into the bytes it leaves free (_grown), then (with grow) the costliest ops' own
+    budgets (_grown_ops); the fastest plan that fits is kept."""
     if weights not in WEIGHTS:
         raise TremulaError(f"unsupported --weights {weights!r}: use {', '.join(WEIGHTS)}")
     shared_only = shared_only or weights == "streamed"
@@ -455,10 +456,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
         state = live = None
         plan, unchanged_at = _grown(lower, chip, plan, budgets[last], grow)
-        grown = (plan[0].plan_fraction, *budgets[last][1:])  # the budget the growth kept
-        level = plan[0].level_weights
-        state = live = None
-        plan = _grown_ops(lambda sc: lower(grown, level, sc), chip, plan, _budget_roles(g, layers, plan[0], chip),
+        kept = (plan[0].plan_fraction, *budgets[last][1:]), plan[0].level_weights  # the budget the growth kept
+        plan = _grown_ops(lambda sc: lower(*kept, sc), chip, plan, _budget_roles(g, layers, plan[0], chip),
                           GROW_OP_ROLES * len(GROW_OP_SCALES), unchanged_at)
         state = plan[0]
     if budget is not None:

@@ -278,7 +278,8 @@ def _budget_roles(g: Graph, layers: dict, state, chip) -> list[str]:
     for key, c in node_cycles(state, chip).items():
         r = role.get(key, key)
         cycles[r] = cycles.get(r, 0) + c
-    ops = dict.fromkeys(role.get(node_key(n), node_key(n)) for n in g.nodes if n.op in MATMULS or n.op == "Attention")
+    keys = (node_key(n) for n in g.nodes if n.op in MATMULS or n.op == "Attention")
+    ops = dict.fromkeys(role.get(k, k) for k in keys)
     return sorted(ops, key=lambda r: -cycles.get(r, 0))[:GROW_OP_ROLES]  # (ties in node order)
 
 

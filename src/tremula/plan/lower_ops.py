@@ -14,7 +14,7 @@ from tremula.codelets.fp8 import format_id
 from tremula.codelets.norm import REDUCE_IDS
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph, Node
-from tremula.ir.layers import LayerKey, find_layers, layer_roles
+from tremula.ir.layers import LayerKey, find_layers, layer_roles, node_key
 from tremula.ir.ops import OPS, _norm_axis, rule
 from tremula.numerics.fp8 import fp8_format
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
@@ -185,7 +185,7 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
 
     def _fraction(self, node: Node) -> float:
         """The operand budget of `node`'s strategies: the plan-wide one, scaled for its role (op_scale)."""
-        key = node.name or node.outputs[0]
+        key = node_key(node)
         return self.plan_fraction * self.op_scale.get(self.roles.get(key, key), 1.0)
 
     @staticmethod

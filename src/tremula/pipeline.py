@@ -330,6 +330,23 @@ def _streamed_plan(state, chip, mp, everything: bool):
     return None
 
 
+def relowered(graph: Graph, chip, dtype: str, state, scales: dict[str, int] | None, partials: str = "float",
+              progress: Progress | None = None):
+    """plan_graph's result for the plan `state` (a lowering of `graph` made with other FP8 scales) lowered again with
+    `scales`: the same operand budget, permanent budget, shared layers, K rounds, levelled storage and op budgets,
+    its memory plan made the same way. Scales change no choice the lowering makes, only the values of the vertex
+    fields that hold them and, in shared layers, which of those fields a call patches (vertex state and call cycles:
+    the memory plan says whether it still fits). None for a plan that streams weights (how many layers stream was
+    chosen by its bytes)."""
+    if getattr(state, "streaming", None) is not None:
+        return None
+    g = untie_layer_vectors(lower_precision(graph, dtype, chip, scales, partials))
+    new = Lowerer(g, chip, progress, temp_fraction=state.plan_fraction, perm_fraction=state.perm_fraction,
+                  share_layers=state.share_layers, layers=find_layers(g), k_rounds=state.k_rounds,
+                  level_weights=state.level_weights, op_scale=dict(state.op_scale) or None).lower()
+    return (g, new, *memory_plan(new, chip, both_orders=state.both_orders))
+
+
 WEIGHTS = ("auto", "resident", "streamed")
 
 

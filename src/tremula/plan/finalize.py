@@ -90,6 +90,7 @@ def memory_plan(state: LoweringState, chip, streaming: Streaming | None = None, 
         streaming = None
     live = liveness(state, streaming)
     state.streaming = streaming
+    state.both_orders = both_orders  # (pipeline.relowered makes a plan's memory plan again the same way)
     memo = _memo(state)
     if "sharing" not in memo:
         sharing = find_sharing(state) if getattr(state, "share_layers", False) else None

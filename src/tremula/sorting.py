@@ -1,9 +1,11 @@
 """Index arithmetic on integer columns: lexicographic orders (fast: columns packed into as few 63-bit words as their
-ranges allow), distinct rows, and positions within runs.
+ranges allow, each word sorted as values with the element index packed below it), distinct rows, and positions within
+runs.
 
 np.lexsort makes one indirect pass per key; the planner sorts exchange pieces by five or six small integer columns
 (tile, buffer, offset, ...) hundreds of times per model, and packing them into one or two words gives the identical
-order in a third of the time."""
+order in a third of the time. A stable argsort of one word is itself several times slower than sorting the values
+with their indices below them (20,000 random keys: 1.2 ms against 0.13 ms), which gives the same order."""
 
 from __future__ import annotations
 

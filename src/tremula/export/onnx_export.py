@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph, Node, TensorType
-from tremula.ir.ops import OPS
+from tremula.ir.ops import OPS, transpose_perm
 from tremula.numerics.fp8 import is_fp8
 
 MIN_OPSET, MAX_OPSET = 17, 21  # 17: first with LayerNormalization; 21: newest the importer also reads
@@ -129,8 +129,7 @@ def _gather(c: _Ctx) -> None:
 
 @_conv("Transpose")
 def _transpose(c: _Ctx) -> None:
-    perm = c.a.get("perm") or tuple(reversed(range(len(c.in_types[0].shape))))
-    c.em.op("Transpose", c.ins, c.outs, perm=[int(p) for p in perm])
+    c.em.op("Transpose", c.ins, c.outs, perm=list(transpose_perm(c.a, len(c.in_types[0].shape))))
 
 
 @_conv("Shape")

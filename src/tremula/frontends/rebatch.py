@@ -18,7 +18,7 @@ import numpy as np
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, Graph, Node, TensorType, model_batch
 from tremula.ir.interp import infer_types
-from tremula.ir.ops import OPS
+from tremula.ir.ops import OPS, transpose_perm
 
 _ELEMENTWISE = {name for name, d in OPS.items() if d.elementwise}  # (ir/ops.py rows)
 
@@ -273,7 +273,7 @@ class _Rebatcher:
                 raise self._refuse("splits the batch axis")
             return ins, a, s0
         if op == "Transpose":
-            perm = list(a.get("perm") or reversed(range(rank0)))
+            perm = list(transpose_perm(a, rank0))
             return ins, a, Batched(perm.index(s0.axis), s0.mult)
         if op == "Slice":
             return self._slice(ins, a, s0)

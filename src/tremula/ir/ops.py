@@ -467,8 +467,13 @@ def _reshape_type(ins, a):
 _row("Reshape", _reshape_type, lambda xs, a: [xs[0].reshape(a["shape"])], _zero_flops, (1, 1), lower="move")
 
 
+def transpose_perm(attrs: dict, rank: int) -> tuple[int, ...]:
+    """A Transpose's permutation: its `perm`, or without one the axes reversed (ONNX's default)."""
+    return tuple(int(p) for p in attrs.get("perm") or reversed(range(rank)))
+
+
 def _transpose_type(ins, a):
-    perm = a.get("perm") or tuple(reversed(range(len(ins[0].shape))))
+    perm = transpose_perm(a, len(ins[0].shape))
     if sorted(perm) != list(range(len(ins[0].shape))):
         raise TremulaError(f"Transpose perm {_short(perm)} does not match rank {len(ins[0].shape)}")
     return [TensorType(tuple(ins[0].shape[p] for p in perm), ins[0].dtype)]
@@ -477,7 +482,7 @@ def _transpose_type(ins, a):
 _row(
     "Transpose",
     _transpose_type,
-    lambda xs, a: [np.asarray(np.transpose(xs[0], a.get("perm") or None), order="C")],  # (0-d stays 0-d)
+    lambda xs, a: [np.asarray(np.transpose(xs[0], transpose_perm(a, xs[0].ndim)), order="C")],
     _zero_flops,
     (1, 1),
     lower="move",

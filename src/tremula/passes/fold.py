@@ -12,7 +12,7 @@ import numpy as np
 
 from tremula.ir.graph import Constant, FoldInit, Graph, Node
 from tremula.ir.interp import infer_types
-from tremula.ir.ops import infer, rule
+from tremula.ir.ops import infer, rule, transpose_perm
 from tremula.passes.pattern import new_node
 
 # Folding replaces a node by its result; a node that *broadcasts* small constants into a huge one (Expand, Where) is
@@ -117,10 +117,10 @@ class _Folder:
                 x, tx = node.inputs[0], self.g.types[node.inputs[0]]
             same = tuple(a["shape"]) == tx.shape
         elif op == "Transpose":
-            perm = list(a.get("perm") or reversed(range(len(tx.shape))))
+            perm = list(transpose_perm(a, len(tx.shape)))
             inner = self.made.get(x)
             if inner is not None and inner.op == "Transpose":  # two transposes compose into one
-                p1 = list(inner.attrs.get("perm") or reversed(range(len(self.g.types[inner.inputs[0]].shape))))
+                p1 = transpose_perm(inner.attrs, len(self.g.types[inner.inputs[0]].shape))
                 perm = [p1[p] for p in perm]
                 node.inputs = [inner.inputs[0]]
                 node.attrs = {**a, "perm": tuple(perm)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tremula.ir.graph import Graph, Node
+from tremula.ir.ops import transpose_perm
 from tremula.passes.pattern import Rewriter
 
 # A fill this negative gives exp(score + fill) == 0 exactly in float32 for any sane score, the same as -inf, so the
@@ -161,7 +162,7 @@ def _untranspose(
     """
     tr = rw.prod(kt, "Transpose")
     if tr is not None and len(rw.g.types[tr.inputs[0]].shape) == 4:
-        p = list(tr.attrs.get("perm") or (3, 2, 1, 0))
+        p = transpose_perm(tr.attrs, 4)
         perm = [p[i] for i in (0, 1, 3, 2)]
         nodes = [tr] if rw.private(kt, *body) else []
         return tr.inputs[0], (None if perm == [0, 1, 2, 3] else perm), nodes, tr
@@ -186,7 +187,7 @@ def _is_swap(rw: Rewriter, chain: list[Node]) -> bool:
     x = np.arange(int(np.prod(shape))).reshape(shape)
     y = x
     for n in chain:
-        y = y.reshape(n.attrs["shape"]) if n.op == "Reshape" else np.transpose(y, n.attrs.get("perm") or None)
+        y = y.reshape(n.attrs["shape"]) if n.op == "Reshape" else np.transpose(y, transpose_perm(n.attrs, y.ndim))
     return y.shape == x.shape[:2] + x.shape[:1:-1] and np.array_equal(y, np.swapaxes(x, -1, -2))
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from tremula.ir.graph import Constant, Graph, Node
 from tremula.ir.interp import infer_types
-from tremula.ir.ops import infer
+from tremula.ir.ops import infer, transpose_perm
 from tremula.passes.fold import fold_constants
 from tremula.passes.pattern import new_node
 from tremula.passes.views import View, carry, coalesce
@@ -327,7 +327,7 @@ def _replay(view: View | None, graph: Graph, chain: list[Node], k: int) -> View 
         if n.op == "Reshape":
             view = view.reshape(graph.types[n.outputs[0]].shape[:-1] + (k,))
         elif n.op == "Transpose":
-            view = view.transpose(tuple(n.attrs.get("perm") or reversed(range(len(view.shape)))))
+            view = view.transpose(transpose_perm(n.attrs, len(view.shape)))
     return view
 
 

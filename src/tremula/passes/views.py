@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tremula.ir.graph import Graph, Node
-from tremula.ir.ops import _slices  # the same slice semantics as the op itself
+from tremula.ir.ops import _slices, transpose_perm  # (_slices: the same slice semantics as the op itself)
 
 Mode = tuple[int, int]  # (size, stride)
 
@@ -117,7 +117,7 @@ class View:
         if node.op == "Reshape":
             return self.reshape(graph.types[output].shape)
         if node.op == "Transpose":
-            return self.transpose(tuple(node.attrs.get("perm") or reversed(range(rank))))
+            return self.transpose(transpose_perm(node.attrs, rank))
         if node.op == "Gather":
             idx = graph.constants.get(node.inputs[1])
             if idx is None or idx.type.shape != ():

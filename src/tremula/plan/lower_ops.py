@@ -15,7 +15,7 @@ from tremula.codelets.norm import REDUCE_IDS
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph, Node
 from tremula.ir.layers import LayerKey, find_layers, layer_roles, node_key
-from tremula.ir.ops import OPS, _norm_axis, rule
+from tremula.ir.ops import OPS, _norm_axis, rule, transpose_perm
 from tremula.numerics.fp8 import fp8_format
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
 from tremula.plan.layers import SharedLayers
@@ -80,7 +80,7 @@ def _keeps_order(node: Node, types) -> bool:
     if node.op != "Transpose":
         return False
     shape = types[node.inputs[0]].shape
-    perm = list(node.attrs.get("perm") or reversed(range(len(shape))))
+    perm = transpose_perm(node.attrs, len(shape))
     moved = [p for p in perm if shape[p] != 1]
     return moved == sorted(moved)
 

@@ -8,10 +8,10 @@ compiling, building the session, loading the simulator's compiled kernels (numba
 a tiny model is simulated in each dtype first) or generating the zoo model's seeded weights (made once before
 timing). Times are CPU seconds of this process (both sides run on one thread), so other work on a shared machine
 does not skew the ratio; wall seconds of the simulator are printed beside them, and "(sys)" is the part of its CPU
-seconds spent in the kernel: mostly faulting in the fresh pages that hold the tiles' memory. On the virtual machines
-this was measured on, writing 0.86 GB of freshly allocated memory took 1.03 s the first time and 0.14 s when the
-process allocated it again, so the first simulation of a model pays a second or two there that a second one in the
-same process would not. "exch MB" and "vx MB" are the bytes the Program's exchanges write and its vertices read and
+seconds spent in the kernel: mostly faulting in the fresh pages that hold the tiles' memory and the large stacked
+operands. The simulator turns NumPy's huge-page advice off while it runs (sim/functional._small_pages): with it,
+the kernel's search for huge pages on those faults took 1-3 s of a first simulation on the virtual machines this was
+measured on. "exch MB" and "vx MB" are the bytes the Program's exchanges write and its vertices read and
 write in one forward: the simulator copies each of them at least once, so GB/s (their sum over simulator seconds)
 says how close it runs to that floor, and a plan that moves less simulates faster.
 

@@ -26,6 +26,7 @@ value.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -724,21 +725,46 @@ def simulate(program: Program, graph: Graph, feeds: dict[str, np.ndarray], check
     With `timetable_chip`, every exchange is scheduled into its cycle-precise timetable on that chip and executed
     chunk by chunk in timetable order (slower; proves the timetable moves every byte the Program asks for).
     """
-    m = Machine(program, check)
-    m.load_weights(graph)
-    m.host_in(feeds)
-    n = len(program.steps)
-    for k in range(n):
+    with _small_pages():
+        m = Machine(program, check)
+        m.load_weights(graph)
+        m.host_in(feeds)
+        n = len(program.steps)
+        for k in range(n):
+            if progress:
+                progress("simulate", k, n)
+            m.stream_weights(k)
+            m.compute(k)
+            m.forget_dead(2 * k)
+            if timetable_chip is None:
+                m.exchange(k)
+            else:
+                m.exchange_by_timetable(k, timetable_chip)
+            m.forget_dead(2 * k + 1)
         if progress:
-            progress("simulate", k, n)
-        m.stream_weights(k)
-        m.compute(k)
-        m.forget_dead(2 * k)
-        if timetable_chip is None:
-            m.exchange(k)
-        else:
-            m.exchange_by_timetable(k, timetable_chip)
-        m.forget_dead(2 * k + 1)
-    if progress:
-        progress("simulate", n, n)
-    return m.host_out()
+            progress("simulate", n, n)
+        return m.host_out()
+
+
+# NumPy asks the kernel for transparent huge pages on every array of 4 MB or more (madvise). The simulator's tile
+# memory and its large stacked operands are such arrays, written once each: where the kernel compacts memory to
+# find a huge page on such a fault (Linux's default "defrag=madvise"), that took seconds. BERT-base fp32 batch 8,
+# one simulation on a 2-core VM: 3.0-3.2 s of kernel time and 14.0-14.5 CPU seconds in all with the advice, 0.5 s
+# and 11.7-11.8 s without it; vit-base fp32 batch 8 18.0-18.3 -> 16.3-16.6 s. At fp16 the two were within 3 % (BERT-base
+# batch 8 15.1-15.3 -> 14.9 s, vit-base 16.9-17.9 -> 17.7-18.2 s): fewer huge pages cost more TLB misses. It is
+# switched off while a simulation runs, and back on after.
+_SET_HUGEPAGE = getattr(getattr(getattr(np, "_core", None) or getattr(np, "core", None), "multiarray", None),
+                        "_set_madvise_hugepage", None)  # (np.core before NumPy 2)
+
+
+@contextmanager
+def _small_pages():
+    """NumPy's huge-page advice off for the duration (where this NumPy has the switch)."""
+    if _SET_HUGEPAGE is None:
+        yield
+        return
+    was = _SET_HUGEPAGE(False)
+    try:
+        yield
+    finally:
+        _SET_HUGEPAGE(was)

@@ -20,7 +20,7 @@ from tremula.beside import beside, can_fork
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibration_job
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
-from tremula.ir.graph import Graph, model_batch
+from tremula.ir.graph import Graph, model_batch, weights_shared
 from tremula.pipeline import (
     GROW_STEPS,
     Progress,
@@ -317,10 +317,12 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         if progress:
             progress("calibrate", 0, 1)
         job = calibration_job(build, model if isinstance(model, Graph) else None, calibration, chip)
-        if batch == "auto" or can_fork():
+        if batch == "auto" or (can_fork() and not weights_shared()):
             # beside the batch search or the plan (see below), in a forked process: on a thread the two shared one
             # interpreter lock, and the search ended waiting for the calibration (SigLIP so400m fp8: the last probe
-            # done at 42.1 s, the scales at 48.7 s; in a process at 45.8 s, 54.8 -> 51.2 s in all)
+            # done at 42.1 s, the scales at 48.7 s; in a process at 45.8 s, 54.8 -> 51.2 s in all). Not at a fixed
+            # batch when the caller keeps the seeded weights the calibration makes (check_model simulates with them:
+            # made in a forked process they would be made twice, 5 s for SigLIP so400m)
             calibrating = beside(job, name="tremula-calibrate", process=True)
         else:
             scales = job()

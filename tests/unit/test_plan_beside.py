@@ -49,3 +49,15 @@ def test_a_plan_that_does_not_fit_with_the_calibrated_scales_is_planned_again(tm
     assert len(planned) == 2 and set(planned[0].values()) == {0} and planned[1] != planned[0]
     monkeypatch.undo()
     assert _same_program(beside, _serial("siglip-tiny", 2), tmp_path)
+
+
+def test_a_caller_keeping_the_seeded_weights_calibrates_first(monkeypatch):
+    """check_model keeps the seeded weights the calibration makes and simulates with them: made in a forked process
+    they would be made again, so inside its sharing_weights block the calibration runs first, in the process."""
+    from tremula.ir.graph import sharing_weights
+
+    beside = []
+    monkeypatch.setattr(compiler, "_plan_beside", lambda *a, **k: beside.append(1))
+    with sharing_weights():
+        res = compile_model("siglip-tiny", "c600", 2, "fp8")
+    assert res.fits and beside == []

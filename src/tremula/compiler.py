@@ -252,7 +252,7 @@ def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibra
     growth may then stop elsewhere; the plan kept still fits, by its own memory plan). When it does not fit, or its
     weights stream (the layers streamed are chosen by their bytes), it is planned again with the calibrated scales.
     SigLIP so400m fp8 on two cores, one compile a process: batch 1 50.4 -> 34.9 s, batch 8 55.0 -> 46.8 s, the same
-    Programs (the calibration, 29 s alone, is the longer of the two; beside the planning it takes about 40)."""
+    cycles (the calibration, 29 s alone, is the longer of the two; beside the planning it takes about 40)."""
     zeros = {k: 0 for k in placeholder_scales(graph)}
     plan = plan_graph(graph, chip, dt, progress, zeros, False, partials, weights, grow=GROW_STEPS)
     scales = calibrating()

@@ -97,6 +97,12 @@ def placeholder_scales(graph: Graph) -> dict[str, int]:
     return {n.name: k % 61 - 30 for k, n in enumerate(activation_casts(fp8_linear_casts(canonical(graph))))}
 
 
+def zero_scales(graph: Graph) -> dict[str, int]:
+    """FP8 activation scales of all zeros, for planning beside the calibration: a shared layer's call patches none of
+    them, so a plan holds at most the bytes it holds with calibrated scales (compiler.py plans again with those)."""
+    return {k: 0 for k in placeholder_scales(graph)}
+
+
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
             scales: dict[str, int] | None = None, shared_only: bool = False,
             partials: str = "float", rates: dict[int, float] | None = None,

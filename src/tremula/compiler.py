@@ -15,7 +15,7 @@ from typing import Union
 
 import numpy as np
 
-from tremula.batch_search import find_max_batch, fits_at, placeholder_scales, refuse_oversize
+from tremula.batch_search import find_max_batch, fits_at, refuse_oversize, zero_scales
 from tremula.beside import beside, can_fork
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibration_job
@@ -253,8 +253,7 @@ def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibra
     weights stream (the layers streamed are chosen by their bytes), it is planned again with the calibrated scales.
     SigLIP so400m fp8 on two cores, one compile a process: batch 1 50.4 -> 34.9 s, batch 8 55.0 -> 46.8 s, the same
     cycles (the calibration, 29 s alone, is the longer of the two; beside the planning it takes about 40)."""
-    zeros = {k: 0 for k in placeholder_scales(graph)}
-    plan = plan_graph(graph, chip, dt, progress, zeros, False, partials, weights, grow=GROW_STEPS)
+    plan = plan_graph(graph, chip, dt, progress, zero_scales(graph), False, partials, weights, grow=GROW_STEPS)
     scales = calibrating()
     if plan[2].fits:
         state, plan = plan[1], None  # (one lowering alive at a time)
@@ -336,7 +335,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # holds at most the bytes it holds with calibrated scales (SigLIP so400m fp8 b10's fullest tile: 7.7 KB of
         # vertex state against 12.1 KB). The batches it answers are then planned with the calibrated scales
         # (_confirm_auto).
-        search_scales = scales if calibrating is None else {k: 0 for k in placeholder_scales(one)}
+        search_scales = scales if calibrating is None else zero_scales(one)
         g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=search_scales, partials=partials,
                                                    weights=weights)
         if not mp.fits and calibrating is not None:  # the error reports the bytes of the calibrated plan

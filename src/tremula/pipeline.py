@@ -340,11 +340,24 @@ def relowered(graph: Graph, chip, dtype: str, state, scales: dict[str, int] | No
     chosen by its bytes)."""
     if getattr(state, "streaming", None) is not None:
         return None
-    g = untie_layer_vectors(lower_precision(graph, dtype, chip, scales, partials))
-    new = Lowerer(g, chip, progress, temp_fraction=state.plan_fraction, perm_fraction=state.perm_fraction,
-                  share_layers=state.share_layers, layers=find_layers(g), k_rounds=state.k_rounds,
-                  level_weights=state.level_weights, op_scale=dict(state.op_scale) or None).lower()
+    g = _planned_graph(graph, dtype, chip, scales, partials)
+    new = _lowered(g, chip, progress, find_layers(g),
+                   (state.plan_fraction, state.perm_fraction, state.share_layers, state.k_rounds),
+                   state.level_weights, dict(state.op_scale) or None)
     return (g, new, *memory_plan(new, chip, both_orders=state.both_orders))
+
+
+def _planned_graph(graph: Graph, dtype: str, chip, scales: dict[str, int] | None, partials: str) -> Graph:
+    """The graph plan_graph lowers: in the plan's precision, each layer's vectors its own (plan/layers.py)."""
+    return untie_layer_vectors(lower_precision(graph, dtype, chip, scales, partials))
+
+
+def _lowered(g: Graph, chip, progress: Progress | None, layers: dict, budget: tuple, level: bool,
+             op_scale: dict[str, float] | None = None):
+    """One lowering of the planned graph `g`: budget = (operand fraction, permanent fraction, share, K rounds)."""
+    frac, perm, share, k_rounds = budget
+    return Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share, layers=layers,
+                   k_rounds=k_rounds, level_weights=level, op_scale=op_scale).lower()
 
 
 WEIGHTS = ("auto", "resident", "streamed")
@@ -378,19 +391,16 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     if weights not in WEIGHTS:
         raise TremulaError(f"unsupported --weights {weights!r}: use {', '.join(WEIGHTS)}")
     shared_only = shared_only or weights == "streamed"
-    g = lower_precision(graph, dtype, chip, scales, partials)
     # Tighter budgets mean more rounds or fewer tiles per matmul: the first plan that fits is kept, else the one with
     # the lowest peak. Only one lowering is alive at a time (a base model's is gigabytes at large batches): when the
     # lowest peak was not the last one tried, it is lowered again.
     best: tuple | None = None  # (peak bytes, budget index)
     futile: dict[bool, float] = {}  # share mode -> the budget below which its tighter budgets cannot help
-    g = untie_layer_vectors(g)
+    g = _planned_graph(graph, dtype, chip, scales, partials)
     layers = find_layers(g)
 
     def lower(budget: tuple, level: bool, op_scale: dict[str, float] | None = None):
-        frac, perm, share, k_rounds = budget  # one plan: (operand fraction, permanent fraction, share, K rounds)
-        return Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share, layers=layers,
-                       k_rounds=k_rounds, level_weights=level, op_scale=op_scale).lower()
+        return _lowered(g, chip, progress, layers, budget, level, op_scale)
 
     layered = len(set(layers.values())) > 1  # identical layers to share, maybe
     if layered:

@@ -13,10 +13,9 @@ from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import (
     Progress,
     canonical,
-    keep_fastest,
     plan_fullness,
     plan_graph,
-    price_plan,
+    plan_rate,
     resolve_dtype,
 )
 
@@ -106,15 +105,16 @@ def zero_scales(graph: Graph) -> dict[str, int]:
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
             scales: dict[str, int] | None = None, shared_only: bool = False,
             partials: str = "float", rates: dict[int, float] | None = None,
-            plans: dict | None = None, weights: str = "auto", from_budget: int = 0,
-            budget: list[int] | None = None) -> tuple[bool, bool, float | None]:
+            weights: str = "auto", from_budget: int = 0,
+            budget: list[int] | None = None, grow: bool = False) -> tuple[bool, bool, float | None]:
     """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares, how
     full (pipeline.plan_fullness) the fitting plan is, else the least full plan tried; None when not planned). A
     batch over the lower bound (limits.py) is answered without planning, and one no budget fits without lowering
     its least full plan again (plan_graph's lowest_peak=False). `rates`: a plan that fits has its modelled
-    samples/s put there by batch (its Program priced as the compile prices it); `plans` (with rates):
-    the fastest plan so far is kept there whole (pipeline.keep_fastest), for the compile to reuse. from_budget /
-    budget: as in pipeline.plan_graph (`budget` gets nothing when the batch is not planned)."""
+    samples/s put there by batch (priced from its lowering state as the compile prices its Program). from_budget /
+    budget: as in pipeline.plan_graph (`budget` gets nothing when the batch is not planned). grow: a plan that fits
+    is grown one step, its operand budget into the bytes it left free (pipeline.plan_graph's `grow`, without the
+    ops' own budgets; growable), and its rate is the grown plan's; how full it is stays the plan's before."""
     graph = build(batch)
     (on_chip, on_host), (cap, host) = _needs(graph, dtype, weights), _caps(chip)
     if on_chip.total > cap or (host is not None and on_host.total > host):
@@ -122,21 +122,25 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     tried: list[float] = []
     g, state, mp, live, reserved = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only,
                                               partials=partials, weights=weights, lowest_peak=False, fullness=tried,
-                                              from_budget=from_budget, budget=budget)
+                                              from_budget=from_budget, budget=budget,
+                                              grow=1 if grow else 0, grow_ops=False, grow_when=growable(chip))
     if mp.fits and rates is not None:
-        priced = price_plan(g, state, mp, live, reserved, chip, dtype, batch, shared_only, make_program=False)
-        rates[batch] = priced.rate
-        if plans is not None:
-            keep_fastest(plans, batch, priced)
-        priced = None
-    full = plan_fullness(mp, chip) if mp.fits else min(tried)
+        rates[batch] = plan_rate(g, state, mp, live, reserved, chip, dtype, batch)
+    full = tried[-1] if mp.fits else min(tried)  # (the plan that fitted, before any growth)
     return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False), full
+
+
+def growable(chip) -> Callable[..., bool]:
+    """Whether a probe's plan that fits (its lowering state and memory plan) is grown a step (fits_at): not when
+    within NEAR_FULL of a tile, where the step is a few bytes (SigLIP so400m fp8 b11 and BERT-base fp16 b149, 99.3
+    and 99.0 % full, gained nothing from a whole growth; BERT's took 14.7 s of lowerings)."""
+    return lambda state, mp: plan_fullness(mp, chip) < NEAR_FULL
 
 
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
                    progress: Progress | None = None, scales: dict[str, int] | None = None,
                    one_fits: bool | None = None, found: dict | None = None, partials: str = "float",
-                   weights: str = "auto") -> int:
+                   weights: str = "auto", grow: bool = False) -> int:
     """The largest batch whose plan fits (0 if batch 1 does not), by doubling then guesses; planner only. Fitting
     is not strictly monotone in the batch (splits and budgets change with it), so this is the largest the search
     finds, and every batch it returns has a plan that fits.
@@ -144,9 +148,15 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     Once plans without shared layers fail at some batch, larger batches try only shared-layer plans: the others
     grow with the batch (SigLIP so400m's reached 23 GB of host memory at batch 16) and did not fit at a smaller one.
     `found["shared_from"]` is then that batch, and `found["rates"]` the modelled samples/s of every batch planned
-    that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among; with
-    `found["plans"]` (a dict the caller puts there) the fastest of those plans is kept whole, for the compile to reuse.
-    A caller whose batch 1 planned only with shared layers puts `found["shared_from"] = 1` there first.
+    that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among.
+    A caller whose batch 1 planned only with shared layers puts `found["shared_from"] = 1` there first. grow: each
+    probe that fits is grown a step (fits_at) and its rate is the grown plan's. A compile grows its plan further
+    (pipeline.GROW_STEPS, then the costliest ops' budgets), most where the plan at the free budget left the most
+    room, so that plan ranks batches otherwise than the compiles would: on a C600, SigLIP so400m fp8 batches 4, 8, 10
+    and 11 at 252.3, 251.0, 264.5 and 272.7 samples/s, grown a step 273.2, 275.6, 264.5 and 272.7, compiled 281.2,
+    302.7, 284.2 and 272.7; BERT-base fp16 batches 64, 128 and 149 at 5,516, 5,460 and 5,592, a step 5,690, 5,755 and
+    5,592, compiled 6,058, 5,900 and 5,592. A step costs a lowering where the whole growth costs up to nine. Which
+    batch fits is decided on the plans before growth.
 
     FP8 scales change no choice of a plan, so the search plans with `scales` or placeholder_scales; a shared
     layer's patched fields (vertex state, call cycles) move with them (1,212 of 56.8 M cycles for SigLIP so400m fp8
@@ -161,7 +171,6 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         return 0
     probes = 0
     rates = found.setdefault("rates", {}) if found is not None else None
-    plans = found.get("plans") if found is not None else None
 
     # smallest batch at which plans without shared layers failed (the caller's batch 1 may have)
     shared_from = found.get("shared_from", limit + 1) if found is not None else limit + 1
@@ -180,8 +189,8 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
             progress("batch search", probes, probes + 1)
         at: list[int] = []
         fits, shared, f = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
-                                  rates=rates, plans=plans, weights=weights,
-                                  from_budget=start_budget if b > start_batch else 0, budget=at)
+                                  rates=rates, weights=weights,
+                                  from_budget=start_budget if b > start_batch else 0, budget=at, grow=grow)
         if shared:
             shared_from = min(shared_from, b)
         if f is not None:

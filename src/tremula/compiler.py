@@ -8,14 +8,17 @@ bytes by category and the largest batch that fits (found by planning only, never
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Union
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from tremula.batch_search import find_max_batch, fits_at, refuse_oversize, zero_scales
+from tremula.batch_search import find_max_batch, fits_at, growable, refuse_oversize, zero_scales
 from tremula.beside import beside, can_fork
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibration_job
@@ -27,7 +30,7 @@ from tremula.pipeline import (
     check_fp8,
     host_cycles,
     plan_graph,
-    price_plan,
+    plan_rate,
     priced_program,
     relowered,
     resolve_dtype,
@@ -89,7 +92,8 @@ class CompileResult:
     split_sums: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     shared_layers: int = 0  # layers that run a template layer's code (plan/share.py)
     # --batch auto: {"largest": the largest batch that fits, "rates": {batch: modelled samples/s} of every batch the
-    # search planned that fits}; the compiled batch is the fastest of them. None for any other batch.
+    # search planned that fits, its plan grown one step}; the compiled batch is the fastest of them, and its rate the
+    # one compiled (grown fully, as a compile of that batch alone grows it). None for any other batch.
     auto: dict | None = None
     partials: str = "float"  # what the fp16 / fp8 matmuls accumulate in ("half" or "float"; fp32: float)
     # Host link: the Program's input streams before the forward and its output streams after it
@@ -217,33 +221,33 @@ def _fixed_batch(model: ModelSpec) -> int | None:
     return fixed_batch(model)
 
 
-def _confirm_auto(build, chip, dt: str, largest: int, found: dict, scales: dict[str, int], partials: str,
-                  weights: str, progress: Progress | None) -> int:
-    """After a search with all-zero FP8 scales: plan the fastest batch it found and the largest with the calibrated
-    `scales` (their rates replace the search's; the fastest plan is kept for the compile), and return the largest.
-    When either no longer fits, search again with the calibrated scales (slower, and not seen on the zoo models)."""
-    rates = found["rates"]
-    fastest = max(rates, key=lambda b: (rates[b], b))
-    shared_from = found.get("shared_from", largest + 1)
-    plans: dict | None = {} if not hasattr(build, "exact") else None
-    ok = True
-    for b in sorted({fastest, largest}):
-        if progress:
-            progress("confirm", 0, 1)
-        ok = ok and fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials, rates=rates,
-                            plans=plans, weights=weights)[0]
-    if ok:
-        if plans is not None:
-            found["plans"] = plans
-        return largest
-    found.clear()
-    found["rates"] = {}
-    return find_max_batch(build, chip, dt, progress=progress, scales=scales, found=found, partials=partials,
-                          weights=weights)
+def _largest_confirmed(build, chip, dt: str, largest: int, found: dict, scales: dict[str, int], partials: str,
+                       weights: str, progress: Progress | None) -> bool:
+    """Whether the largest batch a search with all-zero FP8 scales found still fits with the calibrated `scales`
+    (zeros patch no scale field of a shared layer, so a plan can fit with them and not with calibrated ones)."""
+    if progress:
+        progress("confirm", 0, 1)
+    shared = largest >= found.get("shared_from", largest + 1)
+    return fits_at(build, chip, dt, largest, scales, shared_only=shared, partials=partials, weights=weights)[0]
+
+
+def _leaving_a_core(job: Callable[[], dict[str, int]]) -> Callable[[], dict[str, int]]:
+    """`job` (the calibration) on BLAS threads for every core this process may use but one, which the planning beside
+    it takes (Python on one thread). On two cores OpenBLAS's two threads and the planner took turns on both: SigLIP
+    so400m fp8 --batch auto took 54.6 s (its search done at about 40 s, the scales at about 48), and with one BLAS
+    thread 47.5 s (the search done at 25 s, the scales at 42: the calibration, 29 s alone on two threads and 38 s on
+    one, is the longer of the two)."""
+    threads = max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else None
+
+    def run() -> dict[str, int]:
+        with threadpool_limits(threads) if threads else contextlib.nullcontext():
+            return job()
+
+    return run
 
 
 def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibrating: Callable[[], dict[str, int]],
-                 partials: str, weights: str):
+                 partials: str, weights: str, shared_only: bool = False):
     """plan_graph at a fixed batch while the FP8 calibration runs beside it: planned (and grown) with all-zero scales,
     then lowered again with the calibrated ones at the choices made (pipeline.relowered), and kept when that still
     fits. Scales change no choice of a plan; in shared layers they decide which scale fields a call patches (vertex
@@ -251,9 +255,10 @@ def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibra
     the choices are those planning with them would make, except where a budget fits only without the patches (the
     growth may then stop elsewhere; the plan kept still fits, by its own memory plan). When it does not fit, or its
     weights stream (the layers streamed are chosen by their bytes), it is planned again with the calibrated scales.
+    shared_only: as plan_graph's (--batch auto's chosen batch, above one whose unshared plans failed).
     SigLIP so400m fp8 on two cores, one compile a process: batch 1 50.4 -> 34.9 s, batch 8 55.0 -> 46.8 s, the same
     cycles (the calibration, 29 s alone, is the longer of the two; beside the planning it takes about 40)."""
-    plan = plan_graph(graph, chip, dt, progress, zero_scales(graph), False, partials, weights, grow=GROW_STEPS)
+    plan = plan_graph(graph, chip, dt, progress, zero_scales(graph), shared_only, partials, weights, grow=GROW_STEPS)
     scales = calibrating()
     if plan[2].fits:
         state, plan = plan[1], None  # (one lowering alive at a time)
@@ -262,7 +267,7 @@ def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibra
         if plan is not None and plan[2].fits:
             return plan
     plan = None
-    return plan_graph(graph, chip, dt, progress, scales, False, partials, weights, grow=GROW_STEPS)
+    return plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights, grow=GROW_STEPS)
 
 
 def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
@@ -302,7 +307,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             raise TremulaError(f"batch must be >= 1 (got {batch})")
     graph: Graph | None = None
     auto: dict | None = None
-    auto_plans: dict | None = None  # --batch auto: the search's fastest plan, kept whole (batch -> PricedPlan)
+    planned: tuple | None = None  # --batch auto, FP8: the chosen batch planned beside the calibration
     if batch != "auto":
         graph = model if isinstance(model, Graph) else _exact(build, batch)  # type: ignore[arg-type]
         real = model_batch(graph)
@@ -322,7 +327,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             # done at 42.1 s, the scales at 48.7 s; in a process at 45.8 s, 54.8 -> 51.2 s in all). Not at a fixed
             # batch when the caller keeps the seeded weights the calibration makes (check_model simulates with them:
             # made in a forked process they would be made twice, 5 s for SigLIP so400m)
-            calibrating = beside(job, name="tremula-calibrate", process=True)
+            calibrating = beside(_leaving_a_core(job), name="tremula-calibrate", process=True)
         else:
             scales = job()
     if batch == "auto":
@@ -333,69 +338,64 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # FP8: the search plans with all-zero scales while the calibration runs. Scales change no choice of a plan;
         # zeros make a shared layer's scale fields equal to its template's, so it patches none of them, and a plan
         # holds at most the bytes it holds with calibrated scales (SigLIP so400m fp8 b10's fullest tile: 7.7 KB of
-        # vertex state against 12.1 KB). The batches it answers are then planned with the calibrated scales
-        # (_confirm_auto).
+        # vertex state against 12.1 KB). The batch compiled and the largest are then planned with the calibrated
+        # scales.
         search_scales = scales if calibrating is None else zero_scales(one)
         g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=search_scales, partials=partials,
-                                                   weights=weights)
+                                                   weights=weights, grow=1, grow_ops=False, grow_when=growable(chip))
         if not mp.fits and calibrating is not None:  # the error reports the bytes of the calibrated plan
             g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=calibrating(), partials=partials,
                                                        weights=weights)
         if not mp.fits:
             raise _does_not_fit(state, mp, live, chip, 1, 0)
-        priced = price_plan(g1, state, mp, live, reserved, chip, dt, 1, make_program=False)
-        found: dict = {"rates": {1: priced.rate}}
+        found: dict = {"rates": {1: plan_rate(g1, state, mp, live, reserved, chip, dt, 1)}}
         if getattr(state, "share_layers", False):  # plans without shared layers failed at batch 1 already
             found["shared_from"] = 1
-        # The fastest plan the search makes is kept whole, and compiling that batch reuses it instead of planning it
-        # again, when a probe's graph is the one compiled: a model file's probes are rebatched graphs, whose value
-        # names may differ from the file's own at that batch (_Rebatching), so those are planned again.
-        if not hasattr(build, "exact") and calibrating is None:
-            found["plans"] = {1: priced}
         # When batch 1 fits with every weight on the chip, the search keeps them there: streaming is how a model too
         # big for the chip runs at all, and larger batches that fit only by streaming were slower where measured
         # (SigLIP so400m fp8: 205.0 samples/s at batch 16 with 15 layers streamed, 221.6 resident at 9), while each
         # such probe plans for minutes.
         if weights == "auto" and getattr(state, "streaming", None) is None:
             weights = "resident"
-        g1 = state = live = reserved = one = priced = None
+        g1 = state = live = reserved = one = None
         largest = find_max_batch(build, chip, dtype, progress=progress, scales=search_scales, one_fits=True,
-                                 found=found, partials=partials, weights=weights)
-        if calibrating is not None:
-            scales = calibrating()
-            largest = _confirm_auto(build, chip, dt, largest, found, scales, partials, weights, progress)
-        # The fastest of the batches planned (a larger batch can be slower: more rounds, tighter budgets); on a tie
-        # the larger.
-        rates = found["rates"] or {1: 0.0}  # none: batch 1 does not fit with the calibrated scales; its plan says so
+                                 found=found, partials=partials, weights=weights, grow=True)
+        # The fastest of the batches planned, each ranked by its plan grown one step (a larger batch can be slower:
+        # more rounds, tighter budgets); on a tie the larger. It is then planned as a compile of that batch alone
+        # plans it (grown fully), so both give the same Program.
+        rates = found["rates"]
         batch = max(rates, key=lambda b: (rates[b], b))
-        auto = {"largest": largest, "rates": dict(sorted(found["rates"].items()))}
-        if largest and batch != largest:
-            notice(f"--batch auto: batch {largest} is the largest that fits, but batch {batch} is faster "
-                   f"({rates[batch]:,.1f} against {rates[largest]:,.1f} samples/s modelled): compiling batch {batch}")
-        shared_only = found.get("shared_from", largest + 1) <= batch
-        auto_plans = found.get("plans")
         graph = _exact(build, batch)
+        shared_only = found.get("shared_from", largest + 1) <= batch
+        if calibrating is not None:
+            # planned and grown with all-zero scales while the calibration ends, then with the calibrated ones
+            planned = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights, shared_only)
+            scales = calibrating()
+            if not (planned[2].fits and _largest_confirmed(build, chip, dt, largest, found, scales, partials,
+                                                           weights, progress)):
+                # either no longer fits with the calibrated scales: search again with them (slower, and not seen
+                # on the zoo models)
+                planned = None
+                found = {"rates": {}}
+                largest = find_max_batch(build, chip, dt, progress=progress, scales=scales, found=found,
+                                         partials=partials, weights=weights, grow=True)
+                rates = found["rates"] or {1: 0.0}  # none: batch 1 does not fit; its plan says so
+                batch = max(rates, key=lambda b: (rates[b], b))
+                graph = _exact(build, batch)
+                shared_only = found.get("shared_from", largest + 1) <= batch
+        auto = {"largest": largest, "rates": dict(sorted(rates.items()))}
     assert graph is not None
     real = model_batch(graph)
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)
-    kept = (auto_plans or {}).get(batch)
-    if kept is not None and kept.shared_only == shared_only:  # the search planned exactly this: reuse it
-        g, state, mp, live, reserved = kept.graph, kept.state, kept.mp, kept.live, kept.reserved
-        program, comp, exch, sync = kept.program, kept.compute, kept.exchange, kept.sync
-        if program is None:  # priced from its lowering state (plan/price.py): made now, and priced again to agree
-            program, *made = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
-            if tuple(made) != (comp, exch, sync):
-                raise TremulaError(f"internal: the plan's price from its lowering state {(comp, exch, sync)} is not "
-                                   f"its Program's {tuple(made)}")
-    elif calibrating is not None:
+    if planned is not None:
+        g, state, mp, live, reserved = planned
+    elif calibrating is not None and auto is None:
         g, state, mp, live, reserved = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights)
         scales = calibrating()
-        program = None
     else:
         g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights,
                                                   grow=GROW_STEPS)
-        program = None
-    kept = auto_plans = None
+    planned = None
     if require_fit and not mp.fits:
         # Batch 1 not fitting answers the search already; otherwise search below this batch.
         max_b = 0 if batch == 1 else None
@@ -406,15 +406,21 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             except FixedBatch:  # fixed at this batch and not rebatchable: no other batch to offer
                 max_b = None
         raise _does_not_fit(state, mp, live, chip, batch, max_b)
-    if program is None:
-        program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
+    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
     res = CompileResult(program, mp.fits, batch, dt, mp.fullest_tile, mp.peak_bytes, mp.peak_time // 2,
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
                         dict(state.strategies), dict(state.split_sums), graph=g, source=graph)
     res.shared_layers = state.sharing.shared_layers if getattr(state, "sharing", None) is not None else 0
     res.partials = partials if dt in ("float16", "fp8") else "float"
-    res.auto = auto
     res.host_in_bytes, res.host_out_bytes, res.host_in_cycles, res.host_out_cycles = host_cycles(program, chip)
+    if auto is not None:  # the batch compiled at the rate compiled (the others' plans grown one step)
+        res.auto = auto
+        rates = auto["rates"]
+        rates[batch] = batch * chip.clock_hz / res.throughput_cycles
+        largest = auto["largest"]
+        if largest and batch != largest:
+            notice(f"--batch auto: batch {largest} is the largest that fits, but batch {batch} is faster "
+                   f"({rates[batch]:,.1f} against {rates[largest]:,.1f} samples/s modelled): compiling batch {batch}")
     res.streamed_bytes = streamed_weight_bytes(program.consts)
     streaming = getattr(state, "streaming", None)
     for run, _ in streaming.layers if streaming is not None else ():

@@ -7,7 +7,6 @@ search (batch_search.py) and the FP8 calibration (fp8_calibration.py) all go thr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ from tremula.plan.lower_ops import MATMULS, Lowerer, free_temp_fraction
 from tremula.plan.price import host_bytes, node_cycles, state_cycles
 from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers
 from tremula.plan.strategies import BUFFER_FRACTION, TEMP_FRACTION
-from tremula.program import Program, host_stream_bytes, streamed_weight_bytes
+from tremula.program import host_stream_bytes, streamed_weight_bytes
 from tremula.target.cost import host_transfer_cycles
 from tremula.target.step_cost import step_cycles
 
@@ -152,48 +151,18 @@ def host_cycles(program, chip) -> tuple[int, int, int, int]:
     return b_in, b_out, host_transfer_cycles(chip, b_in), host_transfer_cycles(chip, b_out)
 
 
-@dataclass
-class PricedPlan:
-    """A plan lowered to its Program and priced: what a batch probe of --batch auto made, kept so that compiling the
-    batch the search chooses does not plan and lower it a second time."""
-
-    graph: Graph
-    state: Any
-    mp: Any
-    live: Any
-    reserved: Any
-    program: Program | None  # None: priced from the lowering state (plan/price.py), the Program not made yet
-    compute: int
-    exchange: int
-    sync: int
-    rate: float  # modelled samples/s
-    shared_only: bool  # plan_graph's shared_only for this plan: the compile reuses it only when it would ask the same
-
-
-def price_plan(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int, shared_only: bool = False,
-               progress: Progress | None = None, make_program: bool = True) -> PricedPlan:
-    """The plan's Program, its cycles (priced_program) and its modelled throughput: batch / (host in + forward +
-    host out), as CompileResult.throughput_cycles charges it (host transfers in series with the forward).
-    make_program=False prices the plan from its lowering state (plan/price.py; the same numbers) and leaves the
-    Program to be made for the plan that is compiled, unless its weights stream (then it is made)."""
-    cycles = None if make_program else state_cycles(state, chip)
+def plan_rate(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int) -> float:
+    """Modelled samples/s of a plan: batch / (host in + forward + host out), as CompileResult.throughput_cycles
+    charges it (host transfers in series with the forward). Priced from its lowering state (plan/price.py: the
+    numbers its Program is priced at), or from its Program when its weights stream (their bytes are counted from
+    the Program's constants)."""
+    cycles = state_cycles(state, chip)
     if cycles is None:
-        program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
+        program, *cycles = priced_program(g, state, mp, live, reserved, chip, dt, batch)
         _, _, c_in, c_out = host_cycles(program, chip)
     else:
-        program, (comp, exch, sync) = None, cycles
         c_in, c_out = (host_transfer_cycles(chip, b) for b in host_bytes(state))
-    rate = batch * chip.clock_hz / (c_in + comp + exch + sync + c_out)
-    return PricedPlan(g, state, mp, live, reserved, program, comp, exch, sync, rate, shared_only)
-
-
-def keep_fastest(plans: dict[int, PricedPlan], batch: int, plan: PricedPlan) -> None:
-    """Keep in `plans` only the fastest plan seen (the larger batch on a tie: --batch auto's choice), so a search
-    holds one plan besides the probe it is making."""
-    best = max(plans, key=lambda b: (plans[b].rate, b), default=None)
-    if best is None or (plan.rate, batch) > (plans[best].rate, best):
-        plans.clear()
-        plans[batch] = plan
+    return batch * chip.clock_hz / (c_in + sum(cycles) + c_out)
 
 
 def check_fp8(chip, dtype: str) -> None:
@@ -375,7 +344,8 @@ def plan_fullness(mp, chip) -> float:
 def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
                scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float",
                weights: str = "auto", lowest_peak: bool = True, fullness: list[float] | None = None,
-               from_budget: int = 0, budget: list[int] | None = None, grow: int = 0):
+               from_budget: int = 0, budget: list[int] | None = None, grow: int = 0,
+               grow_ops: bool = True, grow_when: Callable[[Any, Any], bool] | None = None):
     """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
     shared_only: skip the budgets without shared layers (the caller knows they do not fit). lowest_peak: when no
     plan fits, return the one with the lowest peak (lowered again if it was not the last tried) rather than the last
@@ -387,7 +357,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     shared-layer plan fit when it does not (before a tighter budget is tried); "streamed" streams every layer of
     each run of identical layers (plan/stream.py). grow: lowerings to spend growing the operand budget of a plan
     that fits at the FREE budget into the bytes it leaves free (_grown), then (with grow) the costliest ops' own
-    budgets (_grown_ops); the fastest plan that fits is kept."""
+    budgets (_grown_ops; not without grow_ops); the fastest plan that fits is kept. grow_when: (lowering state,
+    memory plan) of the plan that fits -> whether to grow it."""
     if weights not in WEIGHTS:
         raise TremulaError(f"unsupported --weights {weights!r}: use {', '.join(WEIGHTS)}")
     shared_only = shared_only or weights == "streamed"
@@ -481,12 +452,14 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         state = lower(budgets[best[1]], best[3])
         plan = (state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies
         last = best[1]
-    if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
+    if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None and \
+            (grow_when is None or grow_when(plan[0], plan[1])):
         state = live = None
         plan, unchanged_at = _grown(lower, chip, plan, budgets[last], grow)
         kept = (plan[0].plan_fraction, *budgets[last][1:]), plan[0].level_weights  # the budget the growth kept
-        plan = _grown_ops(lambda sc: lower(*kept, sc), chip, plan, _budget_roles(g, layers, plan[0], chip),
-                          GROW_OP_ROLES * len(GROW_OP_SCALES), unchanged_at)
+        if grow_ops:
+            plan = _grown_ops(lambda sc: lower(*kept, sc), chip, plan, _budget_roles(g, layers, plan[0], chip),
+                              GROW_OP_ROLES * len(GROW_OP_SCALES), unchanged_at)
         state = plan[0]
     if budget is not None:
         budget.append(last)

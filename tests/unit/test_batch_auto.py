@@ -36,31 +36,55 @@ def test_a_fixed_batch_is_not_auto():
     assert res.auto is None and "auto" not in res.summary()
 
 
-def test_auto_reuses_the_plan_of_the_batch_it_chose(monkeypatch, tmp_path):
-    """The chosen batch is planned once, by the search, and its kept plan is what the compile returns: the same
-    Program as a compile of that batch alone."""
-    import tremula.batch_search as bs
-    import tremula.compiler as compiler
-
-    planned = []
-    real = compiler.plan_graph
-
-    def counting(graph, *args, **kwargs):
-        from tremula.ir.graph import model_batch
-
-        planned.append(model_batch(graph))
-        return real(graph, *args, **kwargs)
-
-    monkeypatch.setattr(compiler, "plan_graph", counting)
-    monkeypatch.setattr(bs, "plan_graph", counting)
+def test_auto_compiles_the_batch_it_chose_as_a_compile_of_that_batch_alone(tmp_path):
+    """The search ranks batches by plans grown one step; the batch chosen is then planned as a compile of it alone
+    plans it (grown fully): the same Program, byte for byte."""
     res = compile_model("gpt2-tiny", TINY16, "auto", "fp16")
-    assert planned.count(res.batch) == 1
     alone = compile_model("gpt2-tiny", TINY16, res.batch, "fp16")
     assert (res.cycles, res.peak_tile_bytes, res.strategies) == (alone.cycles, alone.peak_tile_bytes, alone.strategies)
     for r, name in ((res, "auto"), (alone, "alone")):
         r.program.meta = {}  # (the summary differs: the auto one lists the rates)
         save_program(r.program, tmp_path / name)
     assert (tmp_path / "auto").read_bytes() == (tmp_path / "alone").read_bytes()
+
+
+def test_probes_rank_by_their_plans_grown_one_step_and_fit_by_the_plans_before(monkeypatch):
+    """fits_at(grow=True) asks plan_graph for one step of growth and no ops' budgets, not within NEAR_FULL of a tile;
+    its rate is the grown plan's (plan_rate), its fullness the last plan's plan_graph tried, before growth (what the
+    search's guesses read; growing changes nothing on this tiny chip's plans)."""
+    import tremula.batch_search as bs
+    import tremula.pipeline as pipeline
+
+    chip = load_chip(TINY16)
+    asked = {}
+    real = bs.plan_graph
+
+    def planning(graph, *args, **kwargs):
+        asked.update(kwargs)
+        return real(graph, *args, **kwargs)
+
+    monkeypatch.setattr(bs, "plan_graph", planning)
+    rates: dict = {}
+    fits, _, full = bs.fits_at(lambda b: load_model("gpt2-tiny", batch=b), chip, "float16", 4, partials="half",
+                               rates=rates, grow=True)
+    assert fits and (asked["grow"], asked["grow_ops"]) == (1, False)
+    g, state, mp, live, reserved = real(load_model("gpt2-tiny", batch=4), chip, "float16", partials="half",
+                                        lowest_peak=False, grow=1, grow_ops=False)
+    assert rates[4] == pipeline.plan_rate(g, state, mp, live, reserved, chip, "float16", 4)
+    assert full == asked["fullness"][-1] == pipeline.plan_fullness(mp, chip)  # (the last plan tried: before growth)
+    when = asked["grow_when"]
+    assert when(state, mp) == (pipeline.plan_fullness(mp, chip) < bs.NEAR_FULL)
+    monkeypatch.setattr(bs, "plan_fullness", lambda mp, chip: bs.NEAR_FULL)
+    assert not when(state, mp)
+
+
+def test_plan_graph_without_grow_ops_grows_no_op_budget(monkeypatch):
+    import tremula.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "_grown_ops", lambda *a, **k: pytest.fail("grow_ops=False grew an op's budget"))
+    _, state, mp, _, _ = pipeline.plan_graph(load_model("gpt2-tiny", batch=4), load_chip(TINY16), "float16",
+                                             partials="half", grow=1, grow_ops=False)
+    assert mp.fits and not state.op_scale
 
 
 def test_placeholder_scales_differ_between_layers():

@@ -10,6 +10,7 @@ import pytest
 
 import tremula.sim.reference as reference
 from tremula.check import MATCHED_MIN_REL_ERR, REORDER_MARGIN, check_matched
+from tremula.numerics import amp
 
 REF = np.linspace(1.0, 2.0, 16, dtype=np.float32)
 
@@ -75,6 +76,8 @@ def test_a_long_simulation_speculates_only_while_it_runs(monkeypatch, matched_fi
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("the references run beside the simulation only on two or more cores")
+    # (bit for bit on every CPU with each AMP group summed exactly: numerics/amp.py)
+    monkeypatch.setattr(amp, "EXACT_GROUP_SUMS", True)
     made, speculated = multiprocessing.Event(), multiprocessing.Event()
     real_ref, real_sim = reference.matched_reference, functional.simulate
     record = multiprocessing.SimpleQueue()  # the reorderings run, in either process

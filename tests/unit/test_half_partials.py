@@ -38,6 +38,27 @@ def test_running_sum_is_rounded_to_half_after_every_group(k, group):
     assert (got != once).any()  # (K is several groups: the extra roundings show in some element)
 
 
+def test_exact_group_sums_are_the_float64_sums_rounded_once_whatever_the_blocks(monkeypatch):
+    """EXACT_GROUP_SUMS: each group's products summed exactly (float64 here, with values whose products are exact in
+    it) and rounded once to float32; a stack of row blocks (the simulator's vertices) gives the bits of the whole
+    matrix (the reference's)."""
+    from tremula.numerics import amp
+
+    monkeypatch.setattr(amp, "EXACT_GROUP_SUMS", True)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((12, 96)) * np.exp2(rng.integers(-12, 8, (12, 96)))).astype(np.float16)
+    w = rng.standard_normal((96, 40)).astype(np.float16)
+    want = np.zeros((12, 40), np.float32)
+    for k0 in range(0, 96, 16):
+        part = (x[:, k0:k0 + 16].astype(np.float64) @ w[k0:k0 + 16].astype(np.float64)).astype(np.float32)
+        want = amp.saturate_round_half(want + part)
+    whole = amp.half_partial_sums(x.astype(np.float32), w.astype(np.float32), 16)
+    assert np.array_equal(whole.view(np.uint32), want.view(np.uint32))
+    xs = x.astype(np.float32).reshape(6, 2, 96)  # six vertices of two rows each, the same weights
+    stacked = amp.half_partial_sums(xs, np.broadcast_to(w.astype(np.float32), (6, 96, 40)).copy(), 16)
+    assert np.array_equal(stacked.reshape(12, 40).view(np.uint32), want.view(np.uint32))
+
+
 def test_one_group_is_one_rounding_and_overflow_saturates():
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((5, 16)).astype(np.float16), rng.standard_normal((16, 3)).astype(np.float16)

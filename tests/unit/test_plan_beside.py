@@ -61,3 +61,15 @@ def test_a_caller_keeping_the_seeded_weights_calibrates_first(monkeypatch):
     with sharing_weights():
         res = compile_model("siglip-tiny", "c600", 2, "fp8")
     assert res.fits and beside == []
+
+
+@pytest.mark.parametrize("cores,threads", [({0}, 1), ({0, 1}, 1), ({0, 1, 2, 3}, 3)])
+def test_the_calibration_leaves_the_planner_a_core(monkeypatch, cores, threads):
+    """The calibration beside the planning runs its BLAS on every core this process may use but one (at least one)."""
+    from threadpoolctl import threadpool_info
+
+    import tremula.compiler as compiler
+
+    monkeypatch.setattr(compiler.os, "sched_getaffinity", lambda pid: cores, raising=False)
+    seen = compiler._leaving_a_core(lambda: [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"])()
+    assert seen and all(n == threads for n in seen)

@@ -5,7 +5,17 @@ runs its fp16 matmuls on; ../shared/reference/ipu-stack-facts.md section 4.3) th
 (its weights per conv unit: 16 for half) in its float accumulators and adds that into the output's half partial,
 which is written back as half. So the running sum is rounded to half after every group of k, and it saturates at
 half's largest finite value as the hardware's conversions do. Modelled as: partial = half(partial + group sum), the
-group sum a float32 BLAS product of the group's columns (the order inside a group is BLAS's, as for float partials).
+group sum a float32 BLAS product of the group's columns (the order inside a group is BLAS's, as for float partials:
+how the AMP's adder orders them is not published).
+
+BLAS's order can differ between the simulator's blocks and the reference's whole tensors (on some CPUs the two shapes
+take kernels that add in different orders: OpenBLAS's Haswell kernels on an AMD EPYC put bert-tiny's leftover
+attention heads one half ulp from the reference, where its SkylakeX kernels agreed), so the matched check allows for
+it. EXACT_GROUP_SUMS makes each group sum the exact sum of its products rounded once to float32, the same bits on
+every CPU: computed in float64, where the products of halves (11 bits of mantissa each) or FP8 codes are exact, and so
+is the sum of a group of them unless their exponents spread over more than float64's 53 bits less the products' 22.
+It costs BLAS's speed (vit-base fp16 batch 1: 3.5-3.9 -> 5.9-6.1 s simulated), so it is for the tests that compare
+the simulator with the reference bit for bit.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from tremula.numerics import jit
 
 F16_MAX = float(np.finfo(np.float16).max)
 AMP_BLOCK = 1 << 16  # accumulator elements per block of rows: its running sum and products stay in the L2 cache
+EXACT_GROUP_SUMS = False  # see above: read at each call (tests set it)
 
 
 _EXP, _SIGN = np.uint32(0x7F800000), np.uint32(0x80000000)
@@ -49,13 +60,14 @@ def saturate_round_half(v: np.ndarray, a: np.ndarray | None = None, m: np.ndarra
     return v
 
 
-def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matmul=np.matmul,
+def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matmul=None,
                       init: np.ndarray | None = None) -> np.ndarray:
     """[.., m, k] @ [.., k, n] (float32 operands) -> float32 holding the half partials: the sum of each `group` of k
     (times `scale`, when given: the FP8 path's power of two, one per stack entry or one in all) added into the running
     half partial, clipped and rounded to half after every group. Rows of x (or entries of a stack) run in blocks whose
     sums stay in cache across the groups; every element is its own sum, so blocking changes no bit. `matmul` sums a
-    group's products (the matched reference passes other legal orders of the float32 sums). `init`: the half
+    group's products (None: float32 BLAS, or exactly with EXACT_GROUP_SUMS; the matched reference passes other legal
+    orders of the float32 sums). `init`: the half
     partials to continue (a later K round of the same sums: with whole groups before it, the same bits as one call
     over all of K), else +0."""
     out = np.zeros(np.broadcast_shapes(x.shape[:-2], w.shape[:-2]) + (x.shape[-2], w.shape[-1]), np.float32)
@@ -74,11 +86,20 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
         blocks = [(x, w, out, scale)]
     for xb, wb, ob, sb in blocks:
         a, m = np.empty_like(ob), np.empty_like(ob)  # scratch, reused by every group of the block
-        part = np.empty_like(ob)  # each group's products (matmul's out: the same BLAS call, no allocation per group)
+        part = np.empty_like(ob)  # each group's sums (matmul's out: no allocation per group)
         rs = jit.row_scale(ob, sb)  # (the compiled add's scale per row: made once a block, not once a group)
+        exact = matmul is None and EXACT_GROUP_SUMS
+        if exact:  # the block's operands in float64 once, a float64 out per group
+            xw, ww, wide = xb.astype(np.float64), wb.astype(np.float64), np.empty(ob.shape, np.float64)
         for k0 in range(0, x.shape[-1], group):
-            p = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :], out=part) if matmul is np.matmul else \
-                matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
+            if exact:
+                np.matmul(xw[..., k0: k0 + group], ww[..., k0: k0 + group, :], out=wide)
+                p = part
+                p[...] = wide  # (rounded once to float32)
+            elif matmul is None:
+                p = np.matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :], out=part)
+            else:
+                p = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])
             if rs is not None and jit.add_round_half(ob, p, rows_scale=rs):  # (one pass; else NumPy's passes)
                 continue
             if sb is not None:

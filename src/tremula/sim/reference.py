@@ -76,7 +76,8 @@ def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = 
             acc = np.float32 if x.dtype == np.float16 else x.dtype
             xa, wa = x.astype(acc, copy=False), w.astype(acc, copy=False)  # (once, not once per part)
             if half and x.dtype == np.float16:  # each part in half partials (matmul_partial with its group)
-                parts = (half_partial_sums(xa[..., a0:a1], wa[a0:a1], int(a["group"]), matmul=mm)
+                parts = (half_partial_sums(xa[..., a0:a1], wa[a0:a1], int(a["group"]),
+                                           matmul=None if mm is _mm32 else mm)  # (the codelets' group sums)
                          for a0, a1 in pairwise(cuts))
             else:
                 parts = (mm(xa[..., a0:a1], wa[a0:a1]) for a0, a1 in pairwise(cuts))

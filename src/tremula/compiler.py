@@ -8,8 +8,9 @@ bytes by category and the largest batch that fits (found by planning only, never
 
 from __future__ import annotations
 
-import contextlib
+import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -231,19 +232,36 @@ def _largest_confirmed(build, chip, dt: str, largest: int, found: dict, scales: 
     return fits_at(build, chip, dt, largest, scales, shared_only=shared, partials=partials, weights=weights)[0]
 
 
-def _leaving_a_core(job: Callable[[], dict[str, int]]) -> Callable[[], dict[str, int]]:
-    """`job` (the calibration) on BLAS threads for every core this process may use but one, which the planning beside
-    it takes (Python on one thread). On two cores OpenBLAS's two threads and the planner took turns on both: SigLIP
-    so400m fp8 --batch auto took 54.6 s (its search done at about 40 s, the scales at about 48), and with one BLAS
-    thread 47.5 s (the search done at 25 s, the scales at 42: the calibration, 29 s alone on two threads and 38 s on
-    one, is the longer of the two)."""
-    threads = max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else None
+def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict[str, int]]:
+    """The calibration `job` (calibration_job's) started beside the planning (beside.py), and a function that waits
+    for its scales. While the planner runs (Python on one thread) the calibration's BLAS takes every core this process
+    may use but that one; once the planner waits for the scales, every core (between two of the calibration's ops).
+    On two cores OpenBLAS's two threads and the planner took turns on both: SigLIP so400m fp8 --batch auto took 54.6 s
+    (its search done at about 40 s, the scales at about 48), 47.5 s with one BLAS thread (the search done at 25 s, the
+    scales at 42: the calibration takes 29 s alone on two threads, 38 on one), while a fixed batch 1, whose planning
+    is short, went from 34.9 to 45.0 s on one thread. Raised to two when the planner waits: batch 1 33.2 s, batch 8
+    36.6 s (46.8 on two threads throughout), --batch auto 47.9 s (its answer now grown, so not the 54.6 above)."""
+    ctx = multiprocessing.get_context("fork") if can_fork() else None
+    waiting = ctx.Event() if ctx is not None else threading.Event()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def run() -> dict[str, int]:
-        with threadpool_limits(threads) if threads else contextlib.nullcontext():
-            return job()
+        raised: list = []
 
-    return run
+        def between() -> None:
+            if not raised and waiting.is_set():
+                raised.append(threadpool_limits(cores))  # (kept: the limits hold until the process ends)
+
+        with threadpool_limits(max(1, cores - 1)):
+            return job(between)
+
+    result = beside(run, name="tremula-calibrate", process=True)
+
+    def scales() -> dict[str, int]:
+        waiting.set()
+        return result()
+
+    return scales
 
 
 def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibrating: Callable[[], dict[str, int]],
@@ -327,7 +345,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             # done at 42.1 s, the scales at 48.7 s; in a process at 45.8 s, 54.8 -> 51.2 s in all). Not at a fixed
             # batch when the caller keeps the seeded weights the calibration makes (check_model simulates with them:
             # made in a forked process they would be made twice, 5 s for SigLIP so400m)
-            calibrating = beside(_leaving_a_core(job), name="tremula-calibrate", process=True)
+            calibrating = _calibration_beside(job)
         else:
             scales = job()
     if batch == "auto":

@@ -63,13 +63,28 @@ def test_a_caller_keeping_the_seeded_weights_calibrates_first(monkeypatch):
     assert res.fits and beside == []
 
 
-@pytest.mark.parametrize("cores,threads", [({0}, 1), ({0, 1}, 1), ({0, 1, 2, 3}, 3)])
-def test_the_calibration_leaves_the_planner_a_core(monkeypatch, cores, threads):
-    """The calibration beside the planning runs its BLAS on every core this process may use but one (at least one)."""
+@pytest.mark.parametrize("cores,threads", [({0}, (1, 1)), ({0, 1}, (1, 2)), ({0, 1, 2, 3}, (3, 4))])
+def test_the_calibration_leaves_the_planner_a_core_until_it_waits(monkeypatch, cores, threads):
+    """The calibration beside the planning runs its BLAS on every core this process may use but one (at least one),
+    and on every core once the planner waits for its scales (between two of its ops)."""
+    import time
+
     from threadpoolctl import threadpool_info
 
     import tremula.compiler as compiler
 
+    def blas() -> set[int]:
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+    def job(between):
+        first, t0 = blas(), time.perf_counter()
+        while blas() == first and time.perf_counter() - t0 < 2.0:  # (the planner "plans" until scales() is called)
+            between()
+            time.sleep(0.01)
+        return first, blas()
+
     monkeypatch.setattr(compiler.os, "sched_getaffinity", lambda pid: cores, raising=False)
-    seen = compiler._leaving_a_core(lambda: [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"])()
-    assert seen and all(n == threads for n in seen)
+    scales = compiler._calibration_beside(job)
+    time.sleep(0.1)
+    first, then = scales()
+    assert (first, then) == ({threads[0]}, {threads[1]})

@@ -68,11 +68,13 @@ def activation_casts(graph: Graph) -> list[Node]:
     return [n for n in graph.nodes if n.op == "Fp8Cast" and n.inputs[0] not in graph.constants]
 
 
-def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray],
+                       between: Callable[[], None] | None = None) -> dict[str, int]:
     """Each activation cast's scale (by node name) from the max-abs its input reaches on the calibration inputs.
 
     The calibration runs the graph as it is (casts before this one already quantising), so each scale sees the
-    values it will see at inference.
+    values it will see at inference. `between`, when given, is called after each value is made (compile_model
+    raises the calibration's BLAS threads there once the planning beside it waits for it).
     """
     casts = activation_casts(graph)
     if not casts:
@@ -80,6 +82,8 @@ def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, 
     top: dict[str, float] = {n.inputs[0]: 0.0 for n in casts}
 
     def seen(name: str, value: np.ndarray) -> None:  # each input's max-abs as it is made (not kept to the end)
+        if between is not None:
+            between()
         if name in top:
             top[name] = max(top[name], max_abs(value))
 

@@ -105,13 +105,15 @@ def zero_scales(graph: Graph) -> dict[str, int]:
 def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
             scales: dict[str, int] | None = None, shared_only: bool = False,
             partials: str = "float", rates: dict[int, float] | None = None,
-            weights: str = "auto", from_budget: int = 0,
+            plans: dict | None = None, weights: str = "auto", from_budget: int = 0,
             budget: list[int] | None = None, grow: bool = False) -> tuple[bool, bool, float | None]:
     """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares, how
     full (pipeline.plan_fullness) the fitting plan is, else the least full plan tried; None when not planned). A
     batch over the lower bound (limits.py) is answered without planning, and one no budget fits without lowering
     its least full plan again (plan_graph's lowest_peak=False). `rates`: a plan that fits has its modelled
-    samples/s put there by batch (priced from its lowering state as the compile prices its Program). from_budget /
+    samples/s put there by batch (priced from its lowering state as the compile prices its Program); `plans` (with
+    rates): the fastest plan so far (the larger batch on a tie) is kept there whole, batch -> (graph as planned,
+    state, memory plan, liveness, reserved), for the compile to grow on (pipeline.grown_on). from_budget /
     budget: as in pipeline.plan_graph (`budget` gets nothing when the batch is not planned). grow: a plan that fits
     is grown one step, its operand budget into the bytes it left free (pipeline.plan_graph's `grow`, without the
     ops' own budgets; growable), and its rate is the grown plan's; how full it is stays the plan's before."""
@@ -126,6 +128,9 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
                                               grow=1 if grow else 0, grow_ops=False, grow_when=growable(chip))
     if mp.fits and rates is not None:
         rates[batch] = plan_rate(g, state, mp, live, reserved, chip, dtype, batch)
+        if plans is not None and all((rates[batch], batch) > (rates[b], b) for b in plans):
+            plans.clear()
+            plans[batch] = (g, state, mp, live, reserved)
     full = tried[-1] if mp.fits else min(tried)  # (the plan that fitted, before any growth)
     return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False), full
 
@@ -148,7 +153,8 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     Once plans without shared layers fail at some batch, larger batches try only shared-layer plans: the others
     grow with the batch (SigLIP so400m's reached 23 GB of host memory at batch 16) and did not fit at a smaller one.
     `found["shared_from"]` is then that batch, and `found["rates"]` the modelled samples/s of every batch planned
-    that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among.
+    that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among; with
+    `found["plans"]` (a dict the caller puts there) the fastest of those plans is kept whole (fits_at).
     A caller whose batch 1 planned only with shared layers puts `found["shared_from"] = 1` there first. grow: each
     probe that fits is grown a step (fits_at) and its rate is the grown plan's. A compile grows its plan further
     (pipeline.GROW_STEPS, then the costliest ops' budgets), most where the plan at the free budget left the most
@@ -171,6 +177,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         return 0
     probes = 0
     rates = found.setdefault("rates", {}) if found is not None else None
+    plans = found.get("plans") if found is not None else None
 
     # smallest batch at which plans without shared layers failed (the caller's batch 1 may have)
     shared_from = found.get("shared_from", limit + 1) if found is not None else limit + 1
@@ -189,7 +196,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
             progress("batch search", probes, probes + 1)
         at: list[int] = []
         fits, shared, f = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
-                                  rates=rates, weights=weights,
+                                  rates=rates, plans=plans, weights=weights,
                                   from_budget=start_budget if b > start_batch else 0, budget=at, grow=grow)
         if shared:
             shared_from = min(shared_from, b)

@@ -30,6 +30,7 @@ from tremula.pipeline import (
     Progress,
     check_fp8,
     host_cycles,
+    grown_on,
     plan_graph,
     plan_rate,
     priced_program,
@@ -265,7 +266,7 @@ def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict
 
 
 def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibrating: Callable[[], dict[str, int]],
-                 partials: str, weights: str, shared_only: bool = False):
+                 partials: str, weights: str, shared_only: bool = False, kept: tuple | None = None):
     """plan_graph at a fixed batch while the FP8 calibration runs beside it: planned (and grown) with all-zero scales,
     then lowered again with the calibrated ones at the choices made (pipeline.relowered), and kept when that still
     fits. Scales change no choice of a plan; in shared layers they decide which scale fields a call patches (vertex
@@ -273,10 +274,16 @@ def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibra
     the choices are those planning with them would make, except where a budget fits only without the patches (the
     growth may then stop elsewhere; the plan kept still fits, by its own memory plan). When it does not fit, or its
     weights stream (the layers streamed are chosen by their bytes), it is planned again with the calibrated scales.
-    shared_only: as plan_graph's (--batch auto's chosen batch, above one whose unshared plans failed).
+    shared_only: as plan_graph's (--batch auto's chosen batch, above one whose unshared plans failed). kept: that
+    batch's plan from the search (with all-zero scales), grown on instead of planned again (pipeline.grown_on).
     SigLIP so400m fp8 on two cores, one compile a process: batch 1 50.4 -> 34.9 s, batch 8 55.0 -> 46.8 s, the same
-    cycles (the calibration, 29 s alone, is the longer of the two; beside the planning it takes about 40)."""
-    plan = plan_graph(graph, chip, dt, progress, zero_scales(graph), shared_only, partials, weights, grow=GROW_STEPS)
+    cycles (the calibration, 29 s alone, is the longer of the two; beside the planning it took about 40, and with
+    the cores shared as _calibration_beside shares them batch 1 takes 33.2 s, batch 8 36.6 s)."""
+    if kept is not None:
+        plan, kept = (kept[0], *grown_on(kept[0], kept[1:], chip, progress)), None
+    else:
+        plan = plan_graph(graph, chip, dt, progress, zero_scales(graph), shared_only, partials, weights,
+                          grow=GROW_STEPS)
     scales = calibrating()
     if plan[2].fits:
         state, plan = plan[1], None  # (one lowering alive at a time)
@@ -325,7 +332,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             raise TremulaError(f"batch must be >= 1 (got {batch})")
     graph: Graph | None = None
     auto: dict | None = None
-    planned: tuple | None = None  # --batch auto, FP8: the chosen batch planned beside the calibration
+    planned: tuple | None = None  # --batch auto: the chosen batch planned (grown on from the search's plan)
     if batch != "auto":
         graph = model if isinstance(model, Graph) else _exact(build, batch)  # type: ignore[arg-type]
         real = model_batch(graph)
@@ -369,6 +376,12 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         found: dict = {"rates": {1: plan_rate(g1, state, mp, live, reserved, chip, dt, 1)}}
         if getattr(state, "share_layers", False):  # plans without shared layers failed at batch 1 already
             found["shared_from"] = 1
+        # The fastest plan the search makes is kept whole, and compiling that batch grows it on instead of planning
+        # it again, when a probe's graph is the one compiled: a model file's probes are rebatched graphs, whose value
+        # names may differ from the file's own at that batch (_Rebatching), so those are planned again. (FP8: kept
+        # planned with all-zero scales, lowered again with the calibrated ones at the end: _plan_beside.)
+        if not hasattr(build, "exact"):
+            found["plans"] = {1: (g1, state, mp, live, reserved)}
         # When batch 1 fits with every weight on the chip, the search keeps them there: streaming is how a model too
         # big for the chip runs at all, and larger batches that fit only by streaming were slower where measured
         # (SigLIP so400m fp8: 205.0 samples/s at batch 16 with 15 layers streamed, 221.6 resident at 9), while each
@@ -385,9 +398,11 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         batch = max(rates, key=lambda b: (rates[b], b))
         graph = _exact(build, batch)
         shared_only = found.get("shared_from", largest + 1) <= batch
+        kept = found.pop("plans", {}).get(batch)
         if calibrating is not None:
-            # planned and grown with all-zero scales while the calibration ends, then with the calibrated ones
-            planned = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights, shared_only)
+            # grown with all-zero scales while the calibration ends, then lowered again with the calibrated ones
+            planned, kept = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights, shared_only,
+                                         kept), None
             scales = calibrating()
             if not (planned[2].fits and _largest_confirmed(build, chip, dt, largest, found, scales, partials,
                                                            weights, progress)):
@@ -401,6 +416,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                 batch = max(rates, key=lambda b: (rates[b], b))
                 graph = _exact(build, batch)
                 shared_only = found.get("shared_from", largest + 1) <= batch
+        elif kept is not None:
+            planned, kept = (kept[0], *grown_on(kept[0], kept[1:], chip, progress)), None
         auto = {"largest": largest, "rates": dict(sorted(rates.items()))}
     assert graph is not None
     real = model_batch(graph)

@@ -7,6 +7,7 @@ search (batch_search.py) and the FP8 calibration (fp8_calibration.py) all go thr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -171,42 +172,97 @@ def check_fp8(chip, dtype: str) -> None:
                            "use --dtype fp16")
 
 
-def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: int) -> tuple:
+@dataclass
+class Growth:
+    """Where _grown stopped, kept on the state of the plan it returns, so that a plan a batch search grew a step can be
+    grown on by the compile as if in one go (grown_on). `steps`: the lowerings spent (the loop's turns); `done`: the
+    plan-wide growth ended (the same plan again, or no room), with `unchanged_at` as _grown returns it."""
+
+    lo: float  # the largest operand budget that fitted
+    failed: float  # the smallest that did not
+    last: tuple[int, int]  # cycles and peak of the last plan that fitted
+    hi: float  # the next budget to try
+    steps: int = 0
+    done: bool = False
+    unchanged_at: float = 0.0
+
+
+def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: int,
+           resume: Growth | None = None) -> tuple:
     """The fastest of `plan` (state, memory plan, liveness, reserved; it fits, at operand budget `budget`; `lower` is
     plan_graph's: a budget and levelling -> a lowered state) and the plans that fit at larger operand budgets, `steps`
     lowerings at most: each tries the budget that gives the bytes the last plan that fitted left free to the
     temporaries (whose budget is BUFFER_FRACTION / TEMP_FRACTION times the operand budget), halving the step towards
     the last that fitted when one does not; a plan the same as the last that fitted (cycles and peak) ends the
     growth. Two plans are alive at once. Returns the plan kept and the budget at which the plan stayed the same (0.0
-    when it did not), when that plan is the one kept: every op had that budget there and none changed."""
+    when it did not), when that plan is the one kept: every op had that budget there and none changed. The plan kept
+    gets where the growth stopped (Growth, as `.growth`); `resume`, such a record of `plan`, carries it on."""
     frac, perm, share, k_rounds = budget
     best = (sum(state_cycles(plan[0], chip)), plan)
-    last = (best[0], plan[1].peak_bytes)  # the cycles and peak of the last plan that fitted
-    lo, failed = frac, float("inf")  # the largest budget that fitted, the smallest that did not
 
     def step(mp) -> float:  # the next budget to try after a plan that fits
-        up = lo + (1.0 - plan_fullness(mp, chip)) * TEMP_FRACTION / BUFFER_FRACTION
-        return up if up < failed else (lo + failed) / 2
+        up = at.lo + (1.0 - plan_fullness(mp, chip)) * TEMP_FRACTION / BUFFER_FRACTION
+        return up if up < at.failed else (at.lo + at.failed) / 2
 
-    hi = step(plan[1])
+    if resume is None:  # (lo: the largest budget that fitted; failed: the smallest that did not)
+        at = Growth(frac, float("inf"), (best[0], plan[1].peak_bytes), 0.0)
+        at.hi = step(plan[1])
+    else:
+        at = Growth(**vars(resume))
     for _ in range(steps):
-        if hi - lo < 1e-3:
+        if at.done or at.hi - at.lo < 1e-3:
+            at.done = True
             break
-        state = lower((hi, perm, share, k_rounds), plan[0].level_weights)
+        at.steps += 1
+        state = lower((at.hi, perm, share, k_rounds), plan[0].level_weights)
         mp, live, reserved = memory_plan(state, chip, both_orders=True)  # packed tighter where it can be
         if mp.fits:
             cycles = sum(state_cycles(state, chip))
-            if (cycles, mp.peak_bytes) == last:
+            if (cycles, mp.peak_bytes) == at.last:
                 # the same plan: the operand budget is not what limits it (ViT-B fp16 batch 8, BERT-base b16)
-                return best[1], (hi if cycles == best[0] else 0.0)
+                at.done, at.unchanged_at = True, (at.hi if cycles == best[0] else 0.0)
+                break
             if cycles < best[0]:
                 best = (cycles, (state, mp, live, reserved))
-            lo, last = hi, (cycles, mp.peak_bytes)
+            at.lo, at.last = at.hi, (cycles, mp.peak_bytes)
         else:
-            failed = hi
+            at.failed = at.hi
         state = live = None
-        hi = step(mp) if mp.fits else (lo + failed) / 2
-    return best[1], 0.0
+        at.hi = step(mp) if mp.fits else (at.lo + at.failed) / 2
+    best[1][0].growth = at
+    return best[1], at.unchanged_at
+
+
+def _growth(lower: Callable[..., Any], chip, g: Graph, layers: dict, plan: tuple, budget: tuple, steps: int,
+            ops: bool, resume: Growth | None = None) -> tuple:
+    """_grown's `steps` (carrying on `resume`), then, with `ops`, the costliest roles' own budgets (_grown_ops)."""
+    plan, unchanged_at = _grown(lower, chip, plan, budget, steps, resume)
+    if ops:
+        kept = (plan[0].plan_fraction, *budget[1:]), plan[0].level_weights  # the budget the growth kept
+        growth = plan[0].growth
+        plan = _grown_ops(lambda sc: lower(*kept, sc), chip, plan, _budget_roles(g, layers, plan[0], chip),
+                          GROW_OP_ROLES * len(GROW_OP_SCALES), unchanged_at)
+        plan[0].growth = growth
+    return plan
+
+
+def grown_on(g: Graph, plan: tuple, chip, progress: Progress | None = None) -> tuple:
+    """A plan of `g` (plan_graph's, without its graph) grown as plan_graph(grow=GROW_STEPS) grows one: a batch search
+    grows its probes a step (grow=1, grow_ops=False, maybe not at all: grow_when), and the compile carries the plan it
+    chose on from there (Growth), instead of planning it again. A plan plan_graph would not grow (not at the free
+    budget, or its weights stream) is returned as it is."""
+    state = plan[0]
+    growth: Growth | None = getattr(state, "growth", None)
+    if growth is None:
+        return plan
+    layers = find_layers(g)
+
+    def lower(budget: tuple, level: bool, op_scale: dict[str, float] | None = None):
+        return _lowered(g, chip, progress, layers, budget, level, op_scale)
+
+    budget = (growth.lo, state.perm_fraction, state.share_layers, state.k_rounds)
+    fresh = growth.steps == 0 and not growth.done
+    return _growth(lower, chip, g, layers, plan, budget, GROW_STEPS - growth.steps, True, None if fresh else growth)
 
 
 def _grown_ops(lower: Callable[..., Any], chip, plan: tuple, roles: list[str], steps: int,
@@ -455,12 +511,10 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None and \
             (grow_when is None or grow_when(plan[0], plan[1])):
         state = live = None
-        plan, unchanged_at = _grown(lower, chip, plan, budgets[last], grow)
-        kept = (plan[0].plan_fraction, *budgets[last][1:]), plan[0].level_weights  # the budget the growth kept
-        if grow_ops:
-            plan = _grown_ops(lambda sc: lower(*kept, sc), chip, plan, _budget_roles(g, layers, plan[0], chip),
-                              GROW_OP_ROLES * len(GROW_OP_SCALES), unchanged_at)
+        plan = _growth(lower, chip, g, layers, plan, budgets[last], grow, grow_ops)
         state = plan[0]
+    elif grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
+        state.growth = Growth(free, float("inf"), (0, 0), 0.0)  # (not grown: grown_on grows it from the start)
     if budget is not None:
         budget.append(last)
     if weights == "streamed" and getattr(state, "streaming", None) is None:

@@ -8,7 +8,6 @@ import dataclasses
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tremula.check import check_system, compare

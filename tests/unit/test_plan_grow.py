@@ -74,6 +74,52 @@ def test_growth_stops_at_the_first_plan_the_budget_does_not_change(monkeypatch):
     assert unchanged_at == pytest.approx(0.44)  # every op had 0.44 there: op growth needs no scale up to 2.2
 
 
+def test_growth_carried_on_from_its_record_tries_what_one_growth_tries(monkeypatch):
+    """A growth of one step, then the rest from the Growth record the plan kept (pipeline.grown_on's way: a batch
+    search grows a step, the compile carries on), tries the budgets one growth of all the steps tries."""
+    tried, Lowerer, memory_plan = _planner(monkeypatch, lambda t: 500 + 2000 * t, lambda t: 1000 - 1000 * t)
+    first = Lowerer(None, None, None, temp_fraction=0.1)
+
+    def lower(budget, level):
+        return Lowerer(None, None, None, temp_fraction=budget[0], level_weights=level).lower()
+
+    budget = (0.1, None, True, "free")
+    plan, _ = pipeline._grown(lower, _Chip(), (first, *memory_plan(first, _Chip())), budget, 1)
+    assert plan[0].growth.steps == 1 and not plan[0].growth.done
+    plan, _ = pipeline._grown(lower, _Chip(), plan, budget, 3, plan[0].growth)
+    assert tried == pytest.approx([0.28, 0.19, 0.262, 0.226]) and plan[0].tf == pytest.approx(0.226)
+
+
+def test_a_plan_grown_a_step_then_grown_on_is_the_plan_grown_in_one_go(tmp_path):
+    """On a real lowering whose growth changes the plan (siglip-tiny fp16 b8 on a 16-tile chip of 48 KiB tiles):
+    plan_graph(grow=1, grow_ops=False), as a batch search's probe, then grown_on, as --batch auto's compile, gives the
+    plan plan_graph(grow=GROW_STEPS) gives, as a compile of that batch alone."""
+    from pathlib import Path
+
+    from tremula.frontends import load_model
+    from tremula.plan.price import state_cycles
+    from tremula.target.chip import load_chip
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "chips" / "tiny16.toml").read_text()
+    path = tmp_path / "tiny16-48k.toml"
+    path.write_text(text.replace("sram_bytes_per_tile = 65536", "sram_bytes_per_tile = 49152"))
+    chip = load_chip(str(path))
+    graph = load_model("siglip-tiny", 8)
+    ungrown = pipeline.plan_graph(graph, chip, "float16", partials="half")
+    g, *probe = pipeline.plan_graph(graph, chip, "float16", partials="half", grow=1, grow_ops=False)
+    probe_steps = probe[0].growth.steps
+    on = pipeline.grown_on(g, tuple(probe), chip)
+    alone = pipeline.plan_graph(graph, chip, "float16", partials="half", grow=pipeline.GROW_STEPS)[1:]
+
+    def seen(plan):
+        state, mp = plan[0], plan[1]
+        return sum(state_cycles(state, chip)), mp.peak_bytes, dict(state.strategies), state.plan_fraction
+
+    assert seen(on) == seen(alone) != seen(ungrown[1:])
+    # the same growth, carried on from the probe's step (its second lowering found the same plan again)
+    assert probe_steps == 1 and on[0].growth == alone[0].growth and alone[0].growth.steps == 2
+
+
 # ---- pipeline._grown_ops: each role's own operand budget, on the same synthetic planner ---------------------------
 
 

@@ -25,6 +25,11 @@ MAX_AUTO_BATCH = 4096
 # and a new line from it guesses better than a step of one (BERT-base fp16: 137 at 96.0 %, 145 at 98.4 % each took a
 # step to 138 and 146 that fitted too). A search heuristic, not a chip fact.
 NEAR_FULL = 0.99
+# How many of the batches a search ranks fastest (each plan grown one step) --batch auto grows fully before it
+# chooses (compiler.py): one step does not rank them as the full growth does. BERT-base fp16 on a C600: batch 128 at
+# 5,755 samples/s and 64 at 5,690 after a step, 5,900 and 6,058 grown fully; SigLIP so400m fp8: batch 8 at 275.6 and
+# 4 at 273.2, then 302.7 and 281.2. Each costs up to nine lowerings more. A search heuristic, not a chip fact.
+AUTO_GROWN = 2
 
 
 def _needs(graph: Graph, dt: str, weights: str = "resident") -> tuple[limits.Need, limits.Need]:
@@ -112,8 +117,8 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     batch over the lower bound (limits.py) is answered without planning, and one no budget fits without lowering
     its least full plan again (plan_graph's lowest_peak=False). `rates`: a plan that fits has its modelled
     samples/s put there by batch (priced from its lowering state as the compile prices its Program); `plans` (with
-    rates): the fastest plan so far (the larger batch on a tie) is kept there whole, batch -> (graph as planned,
-    state, memory plan, liveness, reserved), for the compile to grow on (pipeline.grown_on). from_budget /
+    rates): the AUTO_GROWN fastest plans so far (the larger batch on a tie) are kept there whole, batch -> (graph as
+    planned, state, memory plan, liveness, reserved), for the compile to grow on (pipeline.grown_on). from_budget /
     budget: as in pipeline.plan_graph (`budget` gets nothing when the batch is not planned). grow: a plan that fits
     is grown one step, its operand budget into the bytes it left free (pipeline.plan_graph's `grow`, without the
     ops' own budgets; growable), and its rate is the grown plan's; how full it is stays the plan's before."""
@@ -128,9 +133,10 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
                                               grow=1 if grow else 0, grow_ops=False, grow_when=growable(chip))
     if mp.fits and rates is not None:
         rates[batch] = plan_rate(g, state, mp, live, reserved, chip, dtype, batch)
-        if plans is not None and all((rates[batch], batch) > (rates[b], b) for b in plans):
-            plans.clear()
+        if plans is not None:  # the AUTO_GROWN fastest so far (the larger batch on a tie)
             plans[batch] = (g, state, mp, live, reserved)
+            if len(plans) > AUTO_GROWN:
+                del plans[min(plans, key=lambda b: (rates[b], b))]
     full = tried[-1] if mp.fits else min(tried)  # (the plan that fitted, before any growth)
     return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False), full
 
@@ -154,7 +160,7 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     grow with the batch (SigLIP so400m's reached 23 GB of host memory at batch 16) and did not fit at a smaller one.
     `found["shared_from"]` is then that batch, and `found["rates"]` the modelled samples/s of every batch planned
     that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among; with
-    `found["plans"]` (a dict the caller puts there) the fastest of those plans is kept whole (fits_at).
+    `found["plans"]` (a dict the caller puts there) the AUTO_GROWN fastest of those plans are kept whole (fits_at).
     A caller whose batch 1 planned only with shared layers puts `found["shared_from"] = 1` there first. grow: each
     probe that fits is grown a step (fits_at) and its rate is the grown plan's. A compile grows its plan further
     (pipeline.GROW_STEPS, then the costliest ops' budgets), most where the plan at the free budget left the most

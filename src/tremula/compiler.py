@@ -19,7 +19,7 @@ from typing import Union
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tremula.batch_search import find_max_batch, fits_at, growable, refuse_oversize, zero_scales
+from tremula.batch_search import AUTO_GROWN, find_max_batch, fits_at, growable, refuse_oversize, zero_scales
 from tremula.beside import beside, can_fork
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibration_job
@@ -266,25 +266,25 @@ def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict
 
 
 def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibrating: Callable[[], dict[str, int]],
-                 partials: str, weights: str, shared_only: bool = False, kept: tuple | None = None):
+                 partials: str, weights: str):
     """plan_graph at a fixed batch while the FP8 calibration runs beside it: planned (and grown) with all-zero scales,
-    then lowered again with the calibrated ones at the choices made (pipeline.relowered), and kept when that still
-    fits. Scales change no choice of a plan; in shared layers they decide which scale fields a call patches (vertex
-    state, call cycles), and zeros patch none, so a plan fits with zeros whenever it fits with calibrated scales and
-    the choices are those planning with them would make, except where a budget fits only without the patches (the
-    growth may then stop elsewhere; the plan kept still fits, by its own memory plan). When it does not fit, or its
-    weights stream (the layers streamed are chosen by their bytes), it is planned again with the calibrated scales.
-    shared_only: as plan_graph's (--batch auto's chosen batch, above one whose unshared plans failed). kept: that
-    batch's plan from the search (with all-zero scales), grown on instead of planned again (pipeline.grown_on).
-    SigLIP so400m fp8 on two cores, one compile a process: batch 1 50.4 -> 34.9 s, batch 8 55.0 -> 46.8 s, the same
-    cycles (the calibration, 29 s alone, is the longer of the two; beside the planning it took about 40, and with
-    the cores shared as _calibration_beside shares them batch 1 takes 33.2 s, batch 8 36.6 s)."""
-    if kept is not None:
-        plan, kept = (kept[0], *grown_on(kept[0], kept[1:], chip, progress)), None
-    else:
-        plan = plan_graph(graph, chip, dt, progress, zero_scales(graph), shared_only, partials, weights,
-                          grow=GROW_STEPS)
-    scales = calibrating()
+    then lowered again with the calibrated ones (_calibrated). SigLIP so400m fp8 on two cores, one compile a process:
+    batch 1 50.4 -> 34.9 s, batch 8 55.0 -> 46.8 s, the same cycles (the calibration, 29 s alone, is the longer of
+    the two; beside the planning it took about 40, and with the cores shared as _calibration_beside shares them batch
+    1 takes 33.2 s, batch 8 36.6 s)."""
+    plan = plan_graph(graph, chip, dt, progress, zero_scales(graph), False, partials, weights, grow=GROW_STEPS)
+    return _calibrated(graph, chip, dt, plan, calibrating(), partials, weights, False, progress)
+
+
+def _calibrated(graph: Graph, chip, dt: str, plan: tuple, scales: dict[str, int], partials: str, weights: str,
+                shared_only: bool, progress: Progress | None):
+    """A plan of `graph` made with all-zero FP8 scales (plan_graph's tuple), lowered again with the calibrated
+    `scales` at the choices made (pipeline.relowered), and kept when that still fits. Scales change no choice of a
+    plan; in shared layers they decide which scale fields a call patches (vertex state, call cycles), and zeros patch
+    none, so a plan fits with zeros whenever it fits with calibrated scales and the choices are those planning with
+    them would make, except where a budget fits only without the patches (the growth may then stop elsewhere; the
+    plan kept still fits, by its own memory plan). When it does not fit, or its weights stream (the layers streamed
+    are chosen by their bytes), it is planned again with the calibrated scales."""
     if plan[2].fits:
         state, plan = plan[1], None  # (one lowering alive at a time)
         plan = relowered(graph, chip, dt, state, scales, partials, progress)
@@ -293,6 +293,31 @@ def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibra
             return plan
     plan = None
     return plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights, grow=GROW_STEPS)
+
+
+def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict, largest: int,
+                   scales: dict[str, int] | None, zeros: bool, partials: str, weights: str):
+    """--batch auto's choice among the batches a search planned (`found`, find_max_batch's): the AUTO_GROWN it ranks
+    fastest (their plans grown one step) each grown fully, as a compile at that batch grows its plan (the search's
+    kept plan grown on, pipeline.grown_on, else planned again), and the faster of them (on a tie the larger batch):
+    (batch, its graph as built, plan_graph's tuple), or None. Their rates in found["rates"] become the grown plans'.
+    `scales`: the FP8 scales to plan with, or all zeros (`zeros`: planning beside the calibration)."""
+    rates, kept = found["rates"], found.pop("plans", {})
+    shared_from = found.get("shared_from", largest + 1)
+    best = None
+    for b in sorted(rates, key=lambda b: (rates[b], b), reverse=True)[:AUTO_GROWN]:
+        graph, k = _exact(build, b), kept.pop(b, None)
+        if k is not None:
+            plan, k = (k[0], *grown_on(k[0], k[1:], chip, progress)), None
+        else:
+            plan = plan_graph(graph, chip, dt, progress, zero_scales(graph) if zeros else scales, shared_from <= b,
+                              partials, weights, grow=GROW_STEPS)
+        if plan[2].fits:
+            rates[b] = plan_rate(*plan, chip, dt, b)
+            if best is None or (rates[b], b) > (rates[best[0]], best[0]):
+                best = (b, graph, plan)
+        plan = None
+    return best
 
 
 def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
@@ -376,10 +401,10 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         found: dict = {"rates": {1: plan_rate(g1, state, mp, live, reserved, chip, dt, 1)}}
         if getattr(state, "share_layers", False):  # plans without shared layers failed at batch 1 already
             found["shared_from"] = 1
-        # The fastest plan the search makes is kept whole, and compiling that batch grows it on instead of planning
-        # it again, when a probe's graph is the one compiled: a model file's probes are rebatched graphs, whose value
-        # names may differ from the file's own at that batch (_Rebatching), so those are planned again. (FP8: kept
-        # planned with all-zero scales, lowered again with the calibrated ones at the end: _plan_beside.)
+        # The fastest plans the search makes are kept whole (fits_at), and growing them fully grows them on instead
+        # of planning them again, when a probe's graph is the one compiled: a model file's probes are rebatched
+        # graphs, whose value names may differ from the file's own at that batch (_Rebatching), so those are planned
+        # again. (FP8: kept planned with all-zero scales, lowered again with the calibrated ones at the end.)
         if not hasattr(build, "exact"):
             found["plans"] = {1: (g1, state, mp, live, reserved)}
         # When batch 1 fits with every weight on the chip, the search keeps them there: streaming is how a model too
@@ -392,20 +417,22 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         largest = find_max_batch(build, chip, dtype, progress=progress, scales=search_scales, one_fits=True,
                                  found=found, partials=partials, weights=weights, grow=True)
         # The fastest of the batches planned, each ranked by its plan grown one step (a larger batch can be slower:
-        # more rounds, tighter budgets); on a tie the larger. It is then planned as a compile of that batch alone
-        # plans it (grown fully), so both give the same Program.
+        # more rounds, tighter budgets), the AUTO_GROWN fastest then grown fully as a compile at their batch grows
+        # its plan: the faster is compiled, the same Program as a compile of that batch alone.
         rates = found["rates"]
-        batch = max(rates, key=lambda b: (rates[b], b))
-        graph = _exact(build, batch)
+        chosen = _fastest_grown(build, chip, dt, progress, found, largest, scales, calibrating is not None,
+                                partials, weights)
+        batch, graph, planned = chosen if chosen is not None else (max(rates, key=lambda b: (rates[b], b)), None, None)
+        chosen = None
+        graph = graph if graph is not None else _exact(build, batch)
         shared_only = found.get("shared_from", largest + 1) <= batch
-        kept = found.pop("plans", {}).get(batch)
         if calibrating is not None:
             # grown with all-zero scales while the calibration ends, then lowered again with the calibrated ones
-            planned, kept = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights, shared_only,
-                                         kept), None
             scales = calibrating()
-            if not (planned[2].fits and _largest_confirmed(build, chip, dt, largest, found, scales, partials,
-                                                           weights, progress)):
+            if planned is not None:
+                planned = _calibrated(graph, chip, dt, planned, scales, partials, weights, shared_only, progress)
+            if not (planned is not None and planned[2].fits and
+                    _largest_confirmed(build, chip, dt, largest, found, scales, partials, weights, progress)):
                 # either no longer fits with the calibrated scales: search again with them (slower, and not seen
                 # on the zoo models)
                 planned = None
@@ -416,8 +443,6 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                 batch = max(rates, key=lambda b: (rates[b], b))
                 graph = _exact(build, batch)
                 shared_only = found.get("shared_from", largest + 1) <= batch
-        elif kept is not None:
-            planned, kept = (kept[0], *grown_on(kept[0], kept[1:], chip, progress)), None
         auto = {"largest": largest, "rates": dict(sorted(rates.items()))}
     assert graph is not None
     real = model_batch(graph)

@@ -94,8 +94,8 @@ class CompileResult:
     split_sums: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     shared_layers: int = 0  # layers that run a template layer's code (plan/share.py)
     # --batch auto: {"largest": the largest batch that fits, "rates": {batch: modelled samples/s} of every batch the
-    # search planned that fits, its plan grown one step}; the compiled batch is the fastest of them, and its rate the
-    # one compiled (grown fully, as a compile of that batch alone grows it). None for any other batch.
+    # search planned that fits, its plan grown one step, or fully for the AUTO_GROWN fastest of them}; the compiled
+    # batch is the fastest, its rate the one compiled (as a compile of that batch alone). None for any other batch.
     auto: dict | None = None
     partials: str = "float"  # what the fp16 / fp8 matmuls accumulate in ("half" or "float"; fp32: float)
     # Host link: the Program's input streams before the forward and its output streams after it
@@ -241,7 +241,7 @@ def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict
     (its search done at about 40 s, the scales at about 48), 47.5 s with one BLAS thread (the search done at 25 s, the
     scales at 42: the calibration takes 29 s alone on two threads, 38 on one), while a fixed batch 1, whose planning
     is short, went from 34.9 to 45.0 s on one thread. Raised to two when the planner waits: batch 1 33.2 s, batch 8
-    36.6 s (46.8 on two threads throughout), --batch auto 47.9 s (its answer now grown, so not the 54.6 above)."""
+    36.6 s (46.8 on two threads throughout); --batch auto 47.9 s while it grew one batch fully (it grows two now)."""
     ctx = multiprocessing.get_context("fork") if can_fork() else None
     waiting = ctx.Event() if ctx is not None else threading.Event()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -473,7 +473,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     res.shared_layers = state.sharing.shared_layers if getattr(state, "sharing", None) is not None else 0
     res.partials = partials if dt in ("float16", "fp8") else "float"
     res.host_in_bytes, res.host_out_bytes, res.host_in_cycles, res.host_out_cycles = host_cycles(program, chip)
-    if auto is not None:  # the batch compiled at the rate compiled (the others' plans grown one step)
+    if auto is not None:  # the batch compiled at the rate compiled
         res.auto = auto
         rates = auto["rates"]
         rates[batch] = batch * chip.clock_hz / res.throughput_cycles

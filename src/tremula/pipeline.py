@@ -508,13 +508,13 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         state = lower(budgets[best[1]], best[3])
         plan = (state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies
         last = best[1]
-    if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None and \
-            (grow_when is None or grow_when(plan[0], plan[1])):
-        state = live = None
-        plan = _growth(lower, chip, g, layers, plan, budgets[last], grow, grow_ops)
-        state = plan[0]
-    elif grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
-        state.growth = Growth(free, float("inf"), (0, 0), 0.0)  # (not grown: grown_on grows it from the start)
+    if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
+        if grow_when is None or grow_when(plan[0], plan[1]):
+            state = live = None
+            plan = _growth(lower, chip, g, layers, plan, budgets[last], grow, grow_ops)
+            state = plan[0]
+        else:  # not grown (no step taken, not done): grown_on grows it from the start
+            state.growth = Growth(free, float("inf"), (0, 0), 0.0)
     if budget is not None:
         budget.append(last)
     if weights == "streamed" and getattr(state, "streaming", None) is None:

@@ -223,14 +223,20 @@ def _fixed_batch(model: ModelSpec) -> int | None:
     return fixed_batch(model)
 
 
+def _shared_only(found: dict, largest: int, batch: int) -> bool:
+    """Whether `batch` plans only with shared layers after a search (find_max_batch's `found`): at or above the
+    smallest batch whose plans without them failed."""
+    return found.get("shared_from", largest + 1) <= batch
+
+
 def _largest_confirmed(build, chip, dt: str, largest: int, found: dict, scales: dict[str, int], partials: str,
                        weights: str, progress: Progress | None) -> bool:
     """Whether the largest batch a search with all-zero FP8 scales found still fits with the calibrated `scales`
     (zeros patch no scale field of a shared layer, so a plan can fit with them and not with calibrated ones)."""
     if progress:
         progress("confirm", 0, 1)
-    shared = largest >= found.get("shared_from", largest + 1)
-    return fits_at(build, chip, dt, largest, scales, shared_only=shared, partials=partials, weights=weights)[0]
+    return fits_at(build, chip, dt, largest, scales, shared_only=_shared_only(found, largest, largest),
+                   partials=partials, weights=weights)[0]
 
 
 def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict[str, int]]:
@@ -303,15 +309,14 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     (batch, its graph as built, plan_graph's tuple), or None. Their rates in found["rates"] become the grown plans'.
     `scales`: the FP8 scales to plan with, or all zeros (`zeros`: planning beside the calibration)."""
     rates, kept = found["rates"], found.pop("plans", {})
-    shared_from = found.get("shared_from", largest + 1)
     best = None
     for b in sorted(rates, key=lambda b: (rates[b], b), reverse=True)[:AUTO_GROWN]:
         graph, k = _exact(build, b), kept.pop(b, None)
         if k is not None:
             plan, k = (k[0], *grown_on(k[0], k[1:], chip, progress)), None
         else:
-            plan = plan_graph(graph, chip, dt, progress, zero_scales(graph) if zeros else scales, shared_from <= b,
-                              partials, weights, grow=GROW_STEPS)
+            plan = plan_graph(graph, chip, dt, progress, zero_scales(graph) if zeros else scales,
+                              _shared_only(found, largest, b), partials, weights, grow=GROW_STEPS)
         if plan[2].fits:
             rates[b] = plan_rate(*plan, chip, dt, b)
             if best is None or (rates[b], b) > (rates[best[0]], best[0]):
@@ -425,7 +430,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         batch, graph, planned = chosen if chosen is not None else (max(rates, key=lambda b: (rates[b], b)), None, None)
         chosen = None
         graph = graph if graph is not None else _exact(build, batch)
-        shared_only = found.get("shared_from", largest + 1) <= batch
+        shared_only = _shared_only(found, largest, batch)
         if calibrating is not None:
             # grown with all-zero scales while the calibration ends, then lowered again with the calibrated ones
             scales = calibrating()
@@ -442,7 +447,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                 rates = found["rates"] or {1: 0.0}  # none: batch 1 does not fit; its plan says so
                 batch = max(rates, key=lambda b: (rates[b], b))
                 graph = _exact(build, batch)
-                shared_only = found.get("shared_from", largest + 1) <= batch
+                shared_only = _shared_only(found, largest, batch)
         auto = {"largest": largest, "rates": dict(sorted(rates.items()))}
     assert graph is not None
     real = model_batch(graph)

@@ -33,8 +33,9 @@ from tremula.numerics.fp8 import FP8_DTYPES, is_fp8
 
 # 2: shared layers' steps are calls of a template step with a patch; a Provenance (chip TOML, chip and weights
 # sha256); FP8 operands named by format. 3: FP8 weights hash with their FP8 dtype's name (provenance.WEIGHTS_HASH).
-# 4: weight images may be streamed from the host (a ninth field: the step they arrive at).
-FORMAT_VERSION = 4
+# 4: weight images may be streamed from the host (a ninth field: the step they arrive at). 5: attention vertices
+# hold their scores in an operand of their own (codelets/attention.py).
+FORMAT_VERSION = 5
 
 
 @dataclass(frozen=True)

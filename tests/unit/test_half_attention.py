@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from tremula.codelets import codelet, f2i
+from tremula.codelets.attention import scores_dtype
 from tremula.ir.ops import _softmax
 from tremula.numerics.amp import half_partials_matmul
-from tremula.numerics.attention import attention, causal_allowed
+from tremula.numerics.attention import attention, causal_allowed, probabilities, scores
 
 F16, F32 = np.float16, np.float32
 
@@ -63,10 +64,14 @@ def test_the_codelet_on_a_stack_is_the_rule_per_vertex():
     q, k, v, mask = (np.stack(x) for x in zip(*heads))
     for group in (0, 16):
         out = np.zeros((3, 13, 20), F16)
+        held = np.zeros((3, 13, 40), scores_dtype(group))
         params = np.array([[1, 0, 0, 13, 40, f2i(0.2), group]] * 3)
-        codelet("attention").run([q, k, v, mask, out], params)
+        codelet("attention").run([q, k, v, mask, held, out], params)
         for i, (qi, ki, vi, mi) in enumerate(heads):
             assert out[i].tobytes() == attention(qi, ki, vi, 0.2, mi, group=group).tobytes(), (group, i)
+            # the scores operand is left holding p, in the dtype the tile holds the scores in
+            s = scores(qi, ki, 0.2, mi, group=group)
+            assert held[i].tobytes() == probabilities(s, bool(group)).astype(held.dtype).tobytes(), (group, i)
 
 
 def test_half_partials_price_attention_lower_on_the_c600():

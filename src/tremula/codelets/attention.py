@@ -4,6 +4,11 @@ softmax(q @ k^T * scale + mask) @ v with max-subtraction, in float32 or, with ha
 sums (numerics/attention.py, the arithmetic the reference rules share); causal keeps key j for global query row i iff
 j <= i + Sk - Sq (the reference's tril offset).
 
+The score matrix is an operand of its own, [rows, keys] before the outputs: the AMP writes q @ kᵀ there, the softmax
+runs over it in place, and p @ v reads it, so the chip holds a tile's whole block of scores at once and the memory plan
+must place it (half with half partials, float32 with float ones: `scores_dtype`). The codelets leave p in it, in that
+dtype.
+
 When a head's K and V are too big for one tile, the keys are split over tiles: `attention_partial` computes, for its
 block of keys, the unnormalised p @ v (kept in the attention's dtype) with its own row max and row sum (float32), and
 `attention_combine` rescales the blocks' results to their common max and divides by the total sum (the same algebra as
@@ -27,6 +32,11 @@ from tremula.target import cost_terms
 GROUP = {"attention": 6, "attention_partial": 7}  # the params column of each codelet's half-partials group
 
 
+def scores_dtype(group: int) -> str:
+    """The dtype a tile holds an attention vertex's scores in: the AMP's output with half partials, else float32."""
+    return "float16" if group else "float32"
+
+
 def _scores(q, k, mask, params, k_start, group: int):
     """q @ k^T * scale (+ mask), causal keys masked to -inf (numerics/attention.scores). Keys are k_start.. of sk.
 
@@ -42,11 +52,13 @@ def _scores(q, k, mask, params, k_start, group: int):
 
 def _attention(ops, params) -> None:
     # params: (has_mask, causal, q_start, sq, sk, scale bits, group). operands: q [r,d], k [sk,d], v [sk,dv],
-    # (mask [1|r, sk]), out [r, dv]
+    # (mask [1|r, sk]), scores [r, sk] (p is left there), out [r, dv]
     q, k, v, out = ops[0], ops[1], ops[2], ops[-1]
     group = first(params, GROUP["attention"])
     s = _scores(q, k, ops[3] if first(params, 0) else None, params, 0, group)
-    store(out, weighted_values(probabilities(s, bool(group)), v, group))
+    p = probabilities(s, bool(group))
+    store(ops[-2], p)
+    store(out, weighted_values(p, v, group))
 
 
 def _attention_cycles(chip, params, shapes, dtypes, group_col: int) -> int:
@@ -61,18 +73,20 @@ def _attention_cycles(chip, params, shapes, dtypes, group_col: int) -> int:
             + cost_terms.softmax_cycles(chip, r, sk, vec) + cost_terms.vector_cycles(chip, "mul", r * sk, vec))
 
 
-register("attention", _attention, (-1,), partial(_attention_cycles, group_col=GROUP["attention"]),
+register("attention", _attention, (-2, -1), partial(_attention_cycles, group_col=GROUP["attention"]),
          uniform=(0, 1, 5, 6))
 
 
 def _attention_partial(ops, params) -> None:
     # params: (has_mask, causal, q_start, sq, sk, scale bits, k_start, group). operands: q [r,d], k [kb,d], v [kb,dv],
-    # (mask [1|r, kb]), pv [r, dv] (the attention's dtype): p @ v unnormalised, stats [r, 2] float32: the row max and
-    # the row sum of p. p <= 1, so p @ v is bounded by kb x max |v| and stores in the values' own precision.
+    # (mask [1|r, kb]), scores [r, kb] (p is left there), pv [r, dv] (the attention's dtype): p @ v unnormalised,
+    # stats [r, 2] float32: the row max and the row sum of p. p <= 1, so p @ v is bounded by kb x max |v| and stores
+    # in the values' own precision.
     q, k, v, pv, stats = ops[0], ops[1], ops[2], ops[-2], ops[-1]
     group = first(params, GROUP["attention_partial"])
     s = _scores(q, k, ops[3] if first(params, 0) else None, params, column(params, 6), group)
     p, top, total = exp_shifted(s, bool(group))  # a block with every key masked contributes p = 0
+    store(ops[-3], p)
     store(pv, weighted_values(p, v, group))
     stats[..., 0:1] = top
     stats[..., 1:2] = total
@@ -106,6 +120,6 @@ def _attention_combine_cycles(chip, params, shapes, dtypes) -> int:
             + cost_terms.vector_cycles(chip, "mul", r * dv, "float16"))
 
 
-register("attention_partial", _attention_partial, (-2, -1),
+register("attention_partial", _attention_partial, (-3, -2, -1),
          partial(_attention_cycles, group_col=GROUP["attention_partial"]), uniform=(0, 1, 5, 7))
 register("attention_combine", _attention_combine, (-1,), _attention_combine_cycles, uniform=(0, 1))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tremula.codelets import f2i
+from tremula.codelets.attention import scores_dtype
 from tremula.ir.graph import Graph
 from tremula.numerics.attention import group_of
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
@@ -190,6 +191,8 @@ class AttentionLowering:
         scale = f2i(node.attrs["scale"])
         causal = int(node.attrs.get("causal", 0))
         group = group_of(node.attrs)  # half partials (passes/precision.with_partials), 0: float
+        sdt = scores_dtype(group)  # each unit's [rows, keys] scores, held while its softmax and p @ v run
+        sbuf = self.new_buffer(f"{out}@scores", "buffers", used, maxq * sk * np.dtype(sdt).itemsize)
         for us in rounds:
             tl = u_tile[us]
             zero = np.zeros(len(us), I64)
@@ -205,8 +208,8 @@ class AttentionLowering:
                 ops.append((mbuf, 0, 1 if mrows_same else nrows, sk))
                 dtypes.append(self.types[mask].dtype)
             self.exchange(SymTransfers.concat(parts))
-            ops.append((lay.buf, orel[us], nrows, dv))
-            dtypes.append(ot.dtype)
+            ops += [(sbuf, 0, nrows, sk), (lay.buf, orel[us], nrows, dv)]
+            dtypes += [sdt, ot.dtype]
             params = np.stack([np.full(len(us), int(mask is not None)), np.full(len(us), causal), u_q0[us],
                                np.full(len(us), sq), np.full(len(us), sk), np.full(len(us), scale),
                                np.full(len(us), group)], axis=1)
@@ -249,7 +252,10 @@ class AttentionLowering:
         osz = np.dtype(ot.dtype).itemsize
         pw = dv * osz + 8  # a partial row: p @ v in the attention's dtype, and the row max and row sum (float32)
         budget = BUFFER_FRACTION * self.temp_fraction / TEMP_FRACTION * self.chip.sram_bytes_per_tile
-        per_q = d * isz + 2 * pw + dv * osz  # q, own partials and (at most as many) received ones, output
+        group = group_of(node.attrs)
+        sdt = scores_dtype(group)
+        # q, the row's scores, own partials and (at most as many) received ones, output
+        per_q = d * isz + cdiv(sk, nk) * np.dtype(sdt).itemsize + 2 * pw + dv * osz
         kv = cdiv(sk, nk) * (d + dv) * isz
         nq_mem = cdiv(sq * per_q, max(int(budget - kv), per_q))
         nq = max(1, min(sq, max(self.T // (bh * nk), nq_mem)))
@@ -284,6 +290,7 @@ class AttentionLowering:
         qbuf = self.new_buffer(f"{q}@{out}", "buffers", used, maxq * d * isz)
         kbuf = self.new_buffer(f"{k}@{out}", "buffers", used, maxk * d * isz)
         vbuf = self.new_buffer(f"{v}@{out}", "buffers", used, maxk * dv * isz)
+        sbuf = self.new_buffer(f"{out}@scores", "buffers", used, maxq * maxk * np.dtype(sdt).itemsize)
         # each unit's p @ v then its stats; an owner receives the others' rows of its slice in slots (key block j' in
         # slot j' below its own j, j' - 1 above), each a p @ v slice then a stats slice
         pvb, stb = cdiv(maxq * dv * osz, 8) * 8, maxq * 8
@@ -303,7 +310,6 @@ class AttentionLowering:
                                    (1 if same else maxq) * maxk * self.types[mask].itemsize)
         nrows, nkeys = q1 - q0, k1 - k0
         causal, scale = int(node.attrs.get("causal", 0)), f2i(node.attrs["scale"])
-        group = group_of(node.attrs)
         rounds = cdiv(nu, per_round)
         for r in range(rounds):
             us = np.arange(r * per_round, min(nu, (r + 1) * per_round))
@@ -317,8 +323,8 @@ class AttentionLowering:
                 ops.append((mbuf, 0, 1 if same else nrows[us], nkeys[us]))
                 dtypes.append(self.types[mask].dtype)
             self.exchange(SymTransfers.concat(parts))
-            ops += [(pbuf, 0, nrows[us], dv), (pbuf, pvb, nrows[us], 2)]
-            dtypes += [ot.dtype, "float32"]
+            ops += [(sbuf, 0, nrows[us], nkeys[us]), (pbuf, 0, nrows[us], dv), (pbuf, pvb, nrows[us], 2)]
+            dtypes += [sdt, ot.dtype, "float32"]
             n = len(us)
             params = np.stack([np.full(n, int(mask is not None)), np.full(n, causal), q_0, np.full(n, sq),
                                np.full(n, sk), np.full(n, scale), k_0, np.full(n, group)], axis=1)

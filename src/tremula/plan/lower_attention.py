@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tremula.codelets import f2i
+from tremula.codelets import codelet, f2i
 from tremula.codelets.attention import scores_dtype
 from tremula.ir.graph import Graph
 from tremula.numerics.attention import group_of
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
 from tremula.plan.layout import Layout, even_cuts, view2d
 from tremula.plan.strategies import ATTENTION_KV_FRACTION, BUFFER_FRACTION, TEMP_FRACTION, cdiv
+from tremula.target import cost_terms
 
 I64 = np.int64
 HEAD_PERM = (0, 2, 1, 3)  # [B, S, H, d] <-> [B, H, S, d]
@@ -166,12 +167,85 @@ class AttentionLowering:
         rounds = [np.arange(r, min(whole, r + step)) for r in range(0, whole, step)]
         return u_bh, u_q0, u_q1, rounds + [np.arange(whole, len(u_bh))]
 
+    def _key_blocks(self, node) -> int:
+        """How many blocks the keys are split in (1: a head's keys whole on each tile of that head), by the modelled
+        cycles of each grid (`_grid_cycles`), from the fewest the memory allows: a head's K and V on a tile past
+        ATTENTION_KV_FRACTION of its SRAM split the keys, and with few heads every key block count up to one unit per
+        tile for every (head, key block) is priced. ViT-B/16 b8 fp16: 96 heads x 15 query blocks of 14 rows (36.2 k
+        cycles of compute a layer, the AMP passes all overhead on so few rows) against 5 query blocks x 3 key blocks
+        of 40 rows x 66 keys (21.9 k, and 5.6 k to combine)."""
+        _, _, _, _, _, (qt, _, _, _), (sq, d, sk, dv), _, bh = self._attention_operands(node)
+        kv_bytes = sk * (d + dv) * np.dtype(qt.dtype).itemsize
+        low = min(sk, cdiv(kv_bytes, int(ATTENTION_KV_FRACTION * self.chip.sram_bytes_per_tile)), max(1, self.T // bh))
+        high = max(low, min(sk, self.T // bh))
+        return min(range(low, high + 1), key=lambda nk: (self._grid_cycles(node, nk), nk))
+
+    def _grid_cycles(self, node, nk: int) -> int:
+        """The modelled cycles of the attention with the keys in nk blocks, as its lowering would run it, priced
+        without lowering it: per round, the busiest tile's operand exchange (each source tile sends what it holds of
+        q, k and v once, spread over the rounds; a unit's tile receives its q rows, its key block of K and V and its
+        mask), a unit's vertex, and with split keys the partials' exchange and the combine, one sync a step."""
+        q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
+        chip, isz, osz = self.chip, np.dtype(qt.dtype).itemsize, np.dtype(ot.dtype).itemsize
+        group = group_of(node.attrs)
+        sdt = scores_dtype(group)
+        mb = self.types[mask].itemsize if mask is not None else 0
+        mdt = (self.types[mask].dtype,) if mask is not None else ()
+        mask_rows_same = mask is None or self._mask_index(mask, lead, sq, sk)[1]
+        held = np.zeros(self.T)
+        for name in dict.fromkeys(self.head_in[x].value if x in self.head_in else x for x in (q, k, v)):
+            lay = self.layouts.get(name)
+            if lay is not None:
+                sizes = np.outer(np.diff(lay.row_cuts), np.diff(lay.col_cuts)).reshape(-1) * lay.itemsize
+                held += np.bincount(lay.tiles.reshape(-1), weights=sizes, minlength=self.T)[:self.T]
+        sync = cost_terms.sync_cycles(chip)
+
+        def unit(codelet_name: str, r: int, kb: int, rounds: int) -> int:  # a round's operands in, then its vertex
+            recv = (r * d + kb * (d + dv)) * isz + (1 if mask_rows_same else r) * kb * mb
+            params = [int(mask is not None), int(node.attrs.get("causal", 0)), 0, sq, sk, 0]
+            params += [0, group] if codelet_name == "attention_partial" else [group]
+            shapes = [(r, d), (kb, d), (kb, dv)] + ([(1 if mask_rows_same else r, kb)] if mask is not None else [])
+            vx = codelet(codelet_name).cycles(chip, params, shapes + [(r, kb), (r, dv), (r, 2)],
+                                              (qt.dtype, kt.dtype, vt.dtype) + mdt
+                                              + (sdt, ot.dtype, "float32"))
+            return cost_terms.exchange_cycles(chip, int(held.max() / rounds), recv) + sync + vx
+
+        if nk == 1:
+            u_bh, u_q0, u_q1, rounds = self._attention_units(out, bh, sq)
+            return sum(unit("attention", int((u_q1[us] - u_q0[us]).max()), sk, len(rounds)) for us in rounds)
+        qcuts, kcuts, per_round = self._key_grid(node, nk)
+        nq, nk = len(qcuts) - 1, len(kcuts) - 1
+        r, kb = int(np.diff(qcuts).max()), int(np.diff(kcuts).max())
+        rounds = cdiv(bh * nq * nk, per_round)
+        rs, pw = cdiv(r, nk), dv * osz + 8  # an owner's slice of rows; a partial row (p @ v, max and sum)
+        combine = codelet("attention_combine").cycles(chip, [nk, group], [(rs, dv)] * nk + [(rs, 2)] * nk + [(rs, dv)],
+                                                      (ot.dtype,) * nk + ("float32",) * nk + (ot.dtype,))
+        partials = cost_terms.exchange_cycles(chip, (r - rs) * pw, (nk - 1) * rs * pw) + sync + combine
+        return rounds * (unit("attention_partial", r, kb, rounds) + partials)
+
+    def _key_grid(self, node, nk: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(query cuts, key cuts, units a round) of the attention with its keys in nk blocks: query blocks small
+        enough that one unit's buffers stay within the op budget, and as many as fill the rounds (fill_rounds); the
+        rounds run whole groups of nk units."""
+        q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
+        isz = np.dtype(qt.dtype).itemsize
+        osz = np.dtype(ot.dtype).itemsize
+        pw = dv * osz + 8  # a partial row: p @ v in the attention's dtype, and the row max and row sum (float32)
+        budget = BUFFER_FRACTION * self.temp_fraction / TEMP_FRACTION * self.chip.sram_bytes_per_tile
+        sdt = scores_dtype(group_of(node.attrs))
+        # q, the row's scores, own partials and (at most as many) received ones, output
+        per_q = d * isz + cdiv(sk, nk) * np.dtype(sdt).itemsize + 2 * pw + dv * osz
+        kv = cdiv(sk, nk) * (d + dv) * isz
+        nq_mem = cdiv(sq * per_q, max(int(budget - kv), per_q))
+        nq = max(1, min(sq, max(self.T // (bh * nk), nq_mem)))
+        per_round = self.T // nk * nk  # whole groups of nk units
+        nq = fill_rounds(nq, sq, bh * nk, per_round)
+        return even_cuts(sq, nq), even_cuts(sk, nk), per_round
+
     def _lower_attention(self, node) -> None:
         q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
         isz = np.dtype(qt.dtype).itemsize
-        # A head's K and V on every tile of that head: past the budget, split the keys over tiles instead.
-        kv_bytes = sk * (d + dv) * isz
-        nk = min(sk, cdiv(kv_bytes, int(ATTENTION_KV_FRACTION * self.chip.sram_bytes_per_tile)), max(1, self.T // bh))
+        nk = self._key_blocks(node)
         if nk > 1:
             return self._attention_key_blocks(node, nk)
         u_bh, u_q0, u_q1, rounds = self._attention_units(out, bh, sq)
@@ -250,18 +324,9 @@ class AttentionLowering:
         q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
         isz = np.dtype(qt.dtype).itemsize
         osz = np.dtype(ot.dtype).itemsize
-        pw = dv * osz + 8  # a partial row: p @ v in the attention's dtype, and the row max and row sum (float32)
-        budget = BUFFER_FRACTION * self.temp_fraction / TEMP_FRACTION * self.chip.sram_bytes_per_tile
         group = group_of(node.attrs)
         sdt = scores_dtype(group)
-        # q, the row's scores, own partials and (at most as many) received ones, output
-        per_q = d * isz + cdiv(sk, nk) * np.dtype(sdt).itemsize + 2 * pw + dv * osz
-        kv = cdiv(sk, nk) * (d + dv) * isz
-        nq_mem = cdiv(sq * per_q, max(int(budget - kv), per_q))
-        nq = max(1, min(sq, max(self.T // (bh * nk), nq_mem)))
-        per_round = self.T // nk * nk  # whole groups of nk units
-        nq = fill_rounds(nq, sq, bh * nk, per_round)
-        qcuts, kcuts = even_cuts(sq, nq), even_cuts(sk, nk)
+        qcuts, kcuts, per_round = self._key_grid(node, nk)
         nq, nk = len(qcuts) - 1, len(kcuts) - 1
         # unit index = (b * nq + i) * nk + j
         b_ = np.repeat(np.arange(bh, dtype=I64), nq * nk)

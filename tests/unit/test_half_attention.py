@@ -85,6 +85,23 @@ def test_half_partials_price_attention_lower_on_the_c600():
     assert half < 0.6 * full  # both products at twice the MACs, the softmax's passes on half vectors
 
 
+@pytest.mark.parametrize("group,vec", [(16, "float16"), (0, "float32")])
+def test_a_key_block_is_priced_without_the_softmax_normalisation(group, vec):
+    """attention_partial leaves p unnormalised (the combine divides by the total sum): its price is the whole
+    attention's on the same shapes less the per-row reciprocal and the multiply over the scores."""
+    from tremula.target import cost_terms
+    from tremula.target.chip import load_chip
+
+    c600 = load_chip("c600")
+    shapes, dtypes = [(40, 64), (66, 64), (66, 64), (40, 66), (40, 64)], ["float16"] * 5
+    whole = codelet("attention").cycles(c600, (0, 0, 0, 197, 197, 0, group), shapes, dtypes)
+    block = codelet("attention_partial").cycles(c600, (0, 0, 0, 197, 197, 0, 0, group), shapes + [(40, 2)],
+                                                dtypes + ["float32"])
+    normalise = cost_terms.vector_cycles(c600, "divide", 40, "float32") + cost_terms.vector_cycles(c600, "mul",
+                                                                                                   40 * 66, vec)
+    assert normalise > 0 and block == whole - normalise
+
+
 def test_softmax_in_blocks_of_rows_is_the_whole_array_formula():
     """A big softmax over the last axis runs on blocks of whole rows (numerics/attention.CHUNK): each row alone either
     way, so the bits of the formula on the whole array, masked rows (all -inf: zeros) and half input included."""

@@ -64,13 +64,15 @@ def _attention(ops, params) -> None:
 def _attention_cycles(chip, params, shapes, dtypes, group_col: int) -> int:
     # q [r,d], k [sk,d], v [sk,dv]: a whole head's keys, or one key block of them (attention_partial). Half partials:
     # both products on the half -> half AMP, the scale and the softmax in half (its row sum in float32, as
-    # cost.softmax_cycles prices every softmax).
+    # cost.softmax_cycles prices every softmax). A key block's vertex leaves p unnormalised (the combine divides by
+    # the total sum): its softmax is priced without the per-row reciprocal and the multiply over the scores.
     (r, d), (sk, _), (_, dv) = shapes[0], shapes[1], shapes[2]
     half = bool(params[group_col])
     partials, vec = ("half", "float16") if half else ("float", "float32")
+    softmax = cost_terms.softmax_cycles if group_col == GROUP["attention"] else cost_terms.exp_shifted_cycles
     return (cost_terms.matmul_cycles(chip, r, d, sk, dtypes[0], partials)
             + cost_terms.matmul_cycles(chip, r, sk, dv, dtypes[0], partials)
-            + cost_terms.softmax_cycles(chip, r, sk, vec) + cost_terms.vector_cycles(chip, "mul", r * sk, vec))
+            + softmax(chip, r, sk, vec) + cost_terms.vector_cycles(chip, "mul", r * sk, vec))
 
 
 register("attention", _attention, (-2, -1), partial(_attention_cycles, group_col=GROUP["attention"]),

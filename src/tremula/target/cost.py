@@ -175,13 +175,22 @@ def softmax_cycles(chip: Chip, rows: int, row_len: int, dtype: str) -> int:
     n = _count("rows", rows) * _count("row_len", row_len)
     if n == 0:
         return 0
+    return (exp_shifted_cycles(chip, rows, row_len, dtype)
+            + vector_cycles(chip, "divide", rows, "fp32")  # 1 / sum, once per row
+            + vector_cycles(chip, "mul", n, dtype))
+
+
+def exp_shifted_cycles(chip: Chip, rows: int, row_len: int, dtype: str) -> int:
+    """A softmax without its normalisation: each row's max, exp(x - max) and the row sum. What a block of keys of a
+    split attention computes; the blocks' combine divides by the total sum."""
+    n = _count("rows", rows) * _count("row_len", row_len)
+    if n == 0:
+        return 0
     return (
         reduce_cycles(chip, rows, row_len, dtype)  # row max
         + vector_cycles(chip, "sub", n, dtype)
         + vector_cycles(chip, "exp", n, dtype)
         + reduce_cycles(chip, rows, row_len, "fp32")  # row sums accumulate in float
-        + vector_cycles(chip, "divide", rows, "fp32")  # 1 / sum, once per row
-        + vector_cycles(chip, "mul", n, dtype)
     )
 
 

@@ -56,6 +56,10 @@ def softmax_cycles(chip, rows: int, cols: int, dtype: str) -> int:
     return int(cost.softmax_cycles(chip, int(rows), int(cols), _d(dtype)))
 
 
+def exp_shifted_cycles(chip, rows: int, cols: int, dtype: str) -> int:
+    return int(cost.exp_shifted_cycles(chip, int(rows), int(cols), _d(dtype)))
+
+
 def layernorm_cycles(chip, rows: int, cols: int, dtype: str) -> int:
     return int(cost.layernorm_cycles(chip, int(rows), int(cols), _d(dtype)))
 

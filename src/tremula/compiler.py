@@ -229,14 +229,21 @@ def _shared_only(found: dict, largest: int, batch: int) -> bool:
     return found.get("shared_from", largest + 1) <= batch
 
 
-def _largest_confirmed(build, chip, dt: str, largest: int, found: dict, scales: dict[str, int], partials: str,
-                       weights: str, progress: Progress | None) -> bool:
-    """Whether the largest batch a search with all-zero FP8 scales found still fits with the calibrated `scales`
-    (zeros patch no scale field of a shared layer, so a plan can fit with them and not with calibrated ones)."""
-    if progress:
-        progress("confirm", 0, 1)
-    return fits_at(build, chip, dt, largest, scales, shared_only=_shared_only(found, largest, largest),
-                   partials=partials, weights=weights)[0]
+def _largest_calibrated(build, chip, dt: str, fits: int, largest: int, found: dict, scales: dict[str, int],
+                        partials: str, weights: str, progress: Progress | None) -> int:
+    """The largest batch up to the `largest` a search with all-zero FP8 scales found that still fits with the
+    calibrated `scales` (zeros patch no scale field of a shared layer, so a plan can fit with them and not with
+    calibrated ones), knowing that batch `fits` does: `largest` first, then the one below it (a plan that tips over
+    with the scales' patches was within a few KB of full), then halving the batches between."""
+    lo, hi, b = fits, largest + 1, largest
+    while hi - lo > 1:
+        if progress:
+            progress("confirm", 0, 1)
+        ok = fits_at(build, chip, dt, b, scales, shared_only=_shared_only(found, largest, b), partials=partials,
+                     weights=weights)[0]
+        lo, hi = (b, hi) if ok else (lo, b)
+        b = hi - 1 if not ok and b == largest else (lo + hi) // 2
+    return lo
 
 
 def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict[str, int]]:
@@ -436,10 +443,13 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             scales = calibrating()
             if planned is not None:
                 planned = _calibrated(graph, chip, dt, planned, scales, partials, weights, shared_only, progress)
-            if not (planned is not None and planned[2].fits and
-                    _largest_confirmed(build, chip, dt, largest, found, scales, partials, weights, progress)):
-                # either no longer fits with the calibrated scales: search again with them (slower, and not seen
-                # on the zoo models)
+            if planned is not None and planned[2].fits:  # the largest then is at least the batch compiled
+                largest = _largest_calibrated(build, chip, dt, batch, largest, found, scales, partials, weights,
+                                              progress)
+                rates = {b: r for b, r in rates.items() if b <= largest}
+            else:
+                # the plan chosen no longer fits with the calibrated scales: search again with them (slower, and not
+                # seen on the zoo models)
                 planned = None
                 found = {"rates": {}}
                 largest = find_max_batch(build, chip, dt, progress=progress, scales=scales, found=found,

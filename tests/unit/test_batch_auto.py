@@ -244,15 +244,37 @@ def test_fp8_auto_calibrates_beside_the_search_and_compiles_with_the_calibrated_
     assert res.auto["rates"][res.batch] == pytest.approx(rate, rel=1e-12)
 
 
-def test_fp8_auto_searches_again_when_the_calibrated_scales_do_not_fit(monkeypatch):
-    """When the batch the zero-scale search answers does not fit with the calibrated scales, the search runs again
-    with them: the compile answers what a search with the calibrated scales answers."""
+def test_fp8_auto_searches_again_when_the_plan_chosen_does_not_fit_with_the_calibrated_scales(monkeypatch):
+    """When the plan of the batch the zero-scale search chose does not fit with the calibrated scales, the search runs
+    again with them: the compile answers what a search with the calibrated scales answers."""
     import tremula.compiler as compiler
     from tremula.fp8_calibration import calibrate
 
+    monkeypatch.setattr(compiler, "_calibrated", lambda *a, **k: None)  # (no plan: as one that does not fit)
     monkeypatch.setattr(compiler, "fits_at", lambda *a, **k: (False, True, None))
     res = compile_model("bert-tiny", "c600", "auto", "fp8")
     build = lambda b: load_model("bert-tiny", batch=b)
     scales = calibrate(build, None, None, load_chip("c600"))
     assert res.fits and res.auto["largest"] == find_max_batch(build, load_chip("c600"), "fp8", scales=scales,
                                                               partials="half")
+
+
+@pytest.mark.parametrize("last,probes", [(11, [11]), (10, [11, 10]), (9, [11, 10, 9]), (8, [11, 10, 9])])
+def test_the_largest_with_calibrated_scales_is_found_below_the_search_largest(monkeypatch, last, probes):
+    """The plan compiled fits with the calibrated scales, the largest the zero-scale search found may not (SigLIP
+    so400m fp8: batch 11 fits with zeros, 10 with the calibrated scales' patches): the largest then is probed first,
+    the batch below it next, then the batches between are halved; the batch compiled is never probed again."""
+    import tremula.compiler as compiler
+
+    seen = []
+
+    def fits_at(build, chip, dt, b, scales, **k):
+        seen.append(b)
+        return b <= last, False, None
+
+    monkeypatch.setattr(compiler, "fits_at", fits_at)
+    got = compiler._largest_calibrated(None, None, "fp8", 8, 11, {}, {}, "half", "resident", None)
+    assert got == last and seen == probes
+    seen.clear()
+    assert compiler._largest_calibrated(None, None, "fp8", 11, 11, {}, {}, "half", "resident", None) == 11
+    assert not seen

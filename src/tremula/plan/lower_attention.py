@@ -202,12 +202,12 @@ class AttentionLowering:
 
         def unit(codelet_name: str, r: int, kb: int, rounds: int) -> int:  # a round's operands in, then its vertex
             recv = (r * d + kb * (d + dv)) * isz + (1 if mask_rows_same else r) * kb * mb
-            params = [int(mask is not None), int(node.attrs.get("causal", 0)), 0, sq, sk, 0]
-            params += [0, group] if codelet_name == "attention_partial" else [group]
+            split = codelet_name == "attention_partial"
+            params = [int(mask is not None), int(node.attrs.get("causal", 0)), 0, sq, sk, 0] + ([0] if split else [])
             shapes = [(r, d), (kb, d), (kb, dv)] + ([(1 if mask_rows_same else r, kb)] if mask is not None else [])
-            vx = codelet(codelet_name).cycles(chip, params, shapes + [(r, kb), (r, dv), (r, 2)],
-                                              (qt.dtype, kt.dtype, vt.dtype) + mdt
-                                              + (sdt, ot.dtype, "float32"))
+            shapes += [(r, kb), (r, dv)] + ([(r, 2)] if split else [])  # scores, output (p @ v), and its stats
+            vx = codelet(codelet_name).cycles(chip, params + [group], shapes, (qt.dtype, kt.dtype, vt.dtype) + mdt
+                                              + (sdt, ot.dtype) + (("float32",) if split else ()))
             return cost_terms.exchange_cycles(chip, int(held.max() / rounds), recv) + sync + vx
 
         if nk == 1:

@@ -280,8 +280,9 @@ def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict
 
 def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibrating: Callable[[], dict[str, int]],
                  partials: str, weights: str):
-    """plan_graph at a fixed batch while the FP8 calibration runs beside it: planned (and grown) with all-zero scales,
-    then lowered again with the calibrated ones (_calibrated). SigLIP so400m fp8 on two cores, one compile a process:
+    """plan_graph at a fixed batch (while the FP8 calibration runs beside it, when it does: `calibrating` waits for its
+    scales): planned (and grown) with all-zero scales, then lowered again with the calibrated ones (_calibrated).
+    SigLIP so400m fp8 on two cores, one compile a process:
     batch 1 50.4 -> 34.9 s, batch 8 55.0 -> 46.8 s, the same cycles (the calibration, 29 s alone, is the longer of
     the two; beside the planning it took about 40, and with the cores shared as _calibration_beside shares them batch
     1 takes 33.2 s, batch 8 36.6 s)."""
@@ -464,9 +465,17 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)
     if planned is not None:
         g, state, mp, live, reserved = planned
-    elif calibrating is not None and auto is None:
-        g, state, mp, live, reserved = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights)
-        scales = calibrating()
+    elif dt == "fp8" and auto is None:
+        # Planned with all-zero scales, then lowered again with the calibrated ones, however they were had: beside
+        # the plan, first (check_model keeps the calibration's seeded weights), or given (a pipeline stage's). Near
+        # full the two ways of planning differ (zeros patch no scale field, so the growth has more room): SigLIP
+        # so400m fp8 b8 306.0 img/s planned so, 300.3 planned with its scales, which `check` and `--system 1xc600`
+        # compiled while `compile` gave the other.
+        given = scales
+        g, state, mp, live, reserved = _plan_beside(graph, chip, dt, progress,
+                                                    calibrating if calibrating is not None else lambda: given,
+                                                    partials, weights)
+        scales = calibrating() if calibrating is not None else given
     else:
         g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights,
                                                   grow=GROW_STEPS)

@@ -36,7 +36,10 @@ def test_planned_beside_the_calibration_is_the_plan_made_after_it(model, batch, 
     monkeypatch.setattr(compiler, "relowered", lambda *a, **k: relowered.append(1) or real(*a, **k))
     beside = compile_model(model, "c600", batch, "fp8")
     assert relowered == [1]  # the zero-scale plan was kept, lowered again with the calibrated scales
+    # Scales given (a pipeline stage's, check_model's calibrated first) are planned the same way: all zeros, then
+    # lowered again with them, so a compile's Program does not depend on how its scales were had.
     assert _same_program(beside, _serial(model, batch), tmp_path)
+    assert relowered == [1, 1]
 
 
 def test_a_plan_that_does_not_fit_with_the_calibrated_scales_is_planned_again(tmp_path, monkeypatch):
@@ -57,7 +60,7 @@ def test_a_caller_keeping_the_seeded_weights_calibrates_first(monkeypatch):
     from tremula.ir.graph import sharing_weights
 
     beside = []
-    monkeypatch.setattr(compiler, "_plan_beside", lambda *a, **k: beside.append(1))
+    monkeypatch.setattr(compiler, "_calibration_beside", lambda *a, **k: beside.append(1))
     with sharing_weights():
         res = compile_model("siglip-tiny", "c600", 2, "fp8")
     assert res.fits and beside == []

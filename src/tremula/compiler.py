@@ -24,7 +24,7 @@ from tremula.beside import beside, can_fork
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibration_job
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
-from tremula.ir.graph import Graph, model_batch, weights_shared
+from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import (
     GROW_STEPS,
     Progress,
@@ -384,12 +384,14 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         if progress:
             progress("calibrate", 0, 1)
         job = calibration_job(build, model if isinstance(model, Graph) else None, calibration, chip)
-        if batch == "auto" or (can_fork() and not weights_shared()):
+        if batch == "auto" or can_fork():
             # beside the batch search or the plan (see below), in a forked process: on a thread the two shared one
             # interpreter lock, and the search ended waiting for the calibration (SigLIP so400m fp8: the last probe
-            # done at 42.1 s, the scales at 48.7 s; in a process at 45.8 s, 54.8 -> 51.2 s in all). Not at a fixed
-            # batch when the caller keeps the seeded weights the calibration makes (check_model simulates with them:
-            # made in a forked process they would be made twice, 5 s for SigLIP so400m)
+            # done at 42.1 s, the scales at 48.7 s; in a process at 45.8 s, 54.8 -> 51.2 s in all). Also when the
+            # caller keeps the seeded weights the calibration makes (check_model simulates with them): made in the
+            # forked process they are made again in this one (5 s for SigLIP so400m), but a check plans as a compile
+            # does (zero scales first, _plan_beside) and calibrating first left the plan waiting on it: SigLIP so400m
+            # fp8 b1's check 104.7 -> 96.6 s
             calibrating = _calibration_beside(job)
         else:
             scales = job()

@@ -54,16 +54,18 @@ def test_a_plan_that_does_not_fit_with_the_calibrated_scales_is_planned_again(tm
     assert _same_program(beside, _serial("siglip-tiny", 2), tmp_path)
 
 
-def test_a_caller_keeping_the_seeded_weights_calibrates_first(monkeypatch):
-    """check_model keeps the seeded weights the calibration makes and simulates with them: made in a forked process
-    they would be made again, so inside its sharing_weights block the calibration runs first, in the process."""
+def test_a_caller_keeping_the_seeded_weights_calibrates_beside_too(monkeypatch, tmp_path):
+    """check_model keeps the seeded weights the calibration makes: the calibration still runs beside the plan (its
+    weights are made again in this process), and the Program is the one a compile outside the block makes."""
     from tremula.ir.graph import sharing_weights
 
     beside = []
-    monkeypatch.setattr(compiler, "_calibration_beside", lambda *a, **k: beside.append(1))
+    real = compiler._calibration_beside
+    monkeypatch.setattr(compiler, "_calibration_beside", lambda *a, **k: beside.append(1) or real(*a, **k))
     with sharing_weights():
-        res = compile_model("siglip-tiny", "c600", 2, "fp8")
-    assert res.fits and beside == []
+        kept = compile_model("siglip-tiny", "c600", 2, "fp8")
+    assert kept.fits and beside == [1]
+    assert _same_program(kept, compile_model("siglip-tiny", "c600", 2, "fp8"), tmp_path)
 
 
 @pytest.mark.parametrize("cores,threads", [({0}, (1, 1)), ({0, 1}, (1, 2)), ({0, 1, 2, 3}, (3, 4))])

@@ -110,11 +110,6 @@ def sharing_weights() -> Iterator[None]:
         _HELD.pop()
 
 
-def weights_shared() -> bool:
-    """Whether a sharing_weights block is open: seeded weights made now are kept for a graph built later."""
-    return bool(_HELD)
-
-
 @dataclass(frozen=True, eq=False)
 class DerivedInit:
     """A constant made from another constant's values when first needed (e.g. FP8 weight codes made from the float

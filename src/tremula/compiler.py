@@ -469,10 +469,10 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         g, state, mp, live, reserved = planned
     elif dt == "fp8" and auto is None:
         # Planned with all-zero scales, then lowered again with the calibrated ones, however they were had: beside
-        # the plan, first (check_model keeps the calibration's seeded weights), or given (a pipeline stage's). Near
-        # full the two ways of planning differ (zeros patch no scale field, so the growth has more room): SigLIP
-        # so400m fp8 b8 306.0 img/s planned so, 300.3 planned with its scales, which `check` and `--system 1xc600`
-        # compiled while `compile` gave the other.
+        # the plan, first (where the platform cannot fork), or given (a pipeline stage's). Near full the two ways of
+        # planning differ (zeros patch no scale field, so the growth has more room): SigLIP so400m fp8 b8 306.0 img/s
+        # planned so, 300.3 planned with its scales, which `check` and `--system 1xc600` compiled while `compile`
+        # gave the other.
         given = scales
         g, state, mp, live, reserved = _plan_beside(graph, chip, dt, progress,
                                                     calibrating if calibrating is not None else lambda: given,

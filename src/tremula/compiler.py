@@ -473,11 +473,10 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # planning differ (zeros patch no scale field, so the growth has more room): SigLIP so400m fp8 b8 306.0 img/s
         # planned so, 300.3 planned with its scales, which `check` and `--system 1xc600` compiled while `compile`
         # gave the other.
-        given = scales
-        g, state, mp, live, reserved = _plan_beside(graph, chip, dt, progress,
-                                                    calibrating if calibrating is not None else lambda: given,
-                                                    partials, weights)
-        scales = calibrating() if calibrating is not None else given
+        if calibrating is None:
+            calibrating = lambda had=scales: had  # noqa: E731
+        g, state, mp, live, reserved = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights)
+        scales = calibrating()
     else:
         g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights,
                                                   grow=GROW_STEPS)

@@ -66,8 +66,8 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
     (times `scale`, when given: the FP8 path's power of two, one per stack entry or one in all) added into the running
     half partial, clipped and rounded to half after every group. Rows of x (or entries of a stack) run in blocks whose
     sums stay in cache across the groups; every element is its own sum, so blocking changes no bit. `matmul` sums a
-    group's products (None: float32 BLAS, or exactly with EXACT_GROUP_SUMS; the matched reference passes other legal
-    orders of the float32 sums). `init`: the half
+    group's products (None or np.matmul: float32 BLAS, or exactly with EXACT_GROUP_SUMS; the matched reference passes
+    other legal orders of the float32 sums). `init`: the half
     partials to continue (a later K round of the same sums: with whole groups before it, the same bits as one call
     over all of K), else +0."""
     out = np.zeros(np.broadcast_shapes(x.shape[:-2], w.shape[:-2]) + (x.shape[-2], w.shape[-1]), np.float32)
@@ -84,11 +84,12 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
                    sc[r: r + per]) for r in range(0, len(x), per)]
     else:
         blocks = [(x, w, out, scale)]
+    own = matmul is None or matmul is np.matmul  # the codelets' own group sums, however the caller names them
     for xb, wb, ob, sb in blocks:
         a, m = np.empty_like(ob), np.empty_like(ob)  # scratch, reused by every group of the block
         part = np.empty_like(ob)  # each group's sums (matmul's out: no allocation per group)
         rs = jit.row_scale(ob, sb)  # (the compiled add's scale per row: made once a block, not once a group)
-        exact = matmul is None and EXACT_GROUP_SUMS
+        exact = own and EXACT_GROUP_SUMS
         if exact:  # the block's operands in float64 once, a float64 out per group
             xw, ww, wide = xb.astype(np.float64), wb.astype(np.float64), np.empty(ob.shape, np.float64)
         for k0 in range(0, x.shape[-1], group):
@@ -96,7 +97,7 @@ def half_partial_sums(x: np.ndarray, w: np.ndarray, group: int, scale=None, matm
                 np.matmul(xw[..., k0: k0 + group], ww[..., k0: k0 + group, :], out=wide)
                 p = part
                 p[...] = wide  # (rounded once to float32)
-            elif matmul is None:
+            elif own:
                 p = np.matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :], out=part)
             else:
                 p = matmul(xb[..., k0: k0 + group], wb[..., k0: k0 + group, :])

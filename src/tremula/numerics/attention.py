@@ -69,7 +69,7 @@ def scores(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None =
     acc = _acc(q)
     qa, ka = _wide(q), np.swapaxes(_wide(k), -1, -2)
     if group:
-        s = half_partial_sums(qa, ka, group, matmul=None if mm is MatMul else mm)
+        s = half_partial_sums(qa, ka, group, matmul=mm)
         s *= acc.type(scale)
         saturate_round_half(s)
         if mask is not None:
@@ -108,7 +108,7 @@ def probabilities(s: np.ndarray, half: bool = False) -> np.ndarray:
 def weighted_values(p: np.ndarray, v: np.ndarray, group: int = 0, mm=MatMul) -> np.ndarray:
     """p @ v: float32 sums (half inputs widened), or half partials over keys in groups of `group`."""
     va = _wide(v)
-    return half_partial_sums(p, va, group, matmul=None if mm is MatMul else mm) if group else mm(p, va)
+    return half_partial_sums(p, va, group, matmul=mm) if group else mm(p, va)
 
 
 SCORES_CHUNK = 1 << 20  # score elements attention computes at a time (4 MB of float32), whole matrices at a time

@@ -178,13 +178,27 @@ class AttentionLowering:
         kv_bytes = sk * (d + dv) * np.dtype(qt.dtype).itemsize
         low = min(sk, cdiv(kv_bytes, int(ATTENTION_KV_FRACTION * self.chip.sram_bytes_per_tile)), max(1, self.T // bh))
         high = max(low, min(sk, self.T // bh))
-        return min(range(low, high + 1), key=lambda nk: (self._grid_cycles(node, nk), nk))
+        held = self._held_operand_bytes(node)
+        return min(range(low, high + 1), key=lambda nk: (self._grid_cycles(node, nk, held), nk))
 
-    def _grid_cycles(self, node, nk: int) -> int:
+    def _held_operand_bytes(self, node) -> int:
+        """The most bytes of q, k and v (their projections' layouts) one tile holds: what it sends in the attention's
+        operand exchange, each block once."""
+        q, k, v = node.inputs[:3]
+        held = np.zeros(self.T)
+        for name in dict.fromkeys(self.head_in[x].value if x in self.head_in else x for x in (q, k, v)):
+            lay = self.layouts.get(name)
+            if lay is not None:
+                sizes = np.outer(np.diff(lay.row_cuts), np.diff(lay.col_cuts)).reshape(-1) * lay.itemsize
+                held += np.bincount(lay.tiles.reshape(-1), weights=sizes, minlength=self.T)[:self.T]
+        return int(held.max())
+
+    def _grid_cycles(self, node, nk: int, held: int | None = None) -> int:
         """The modelled cycles of the attention with the keys in nk blocks, as its lowering would run it, priced
         without lowering it: per round, the busiest tile's operand exchange (each source tile sends what it holds of
-        q, k and v once, spread over the rounds; a unit's tile receives its q rows, its key block of K and V and its
-        mask), a unit's vertex, and with split keys the partials' exchange and the combine, one sync a step."""
+        q, k and v once, spread over the rounds: `held`, _held_operand_bytes's; a unit's tile receives its q rows,
+        its key block of K and V and its mask), a unit's vertex, and with split keys the partials' exchange and the
+        combine, one sync a step."""
         q, k, v, mask, out, (qt, kt, vt, ot), (sq, d, sk, dv), lead, bh = self._attention_operands(node)
         chip, isz, osz = self.chip, np.dtype(qt.dtype).itemsize, np.dtype(ot.dtype).itemsize
         group = group_of(node.attrs)
@@ -192,12 +206,7 @@ class AttentionLowering:
         mb = self.types[mask].itemsize if mask is not None else 0
         mdt = (self.types[mask].dtype,) if mask is not None else ()
         mask_rows_same = mask is None or self._mask_index(mask, lead, sq, sk)[1]
-        held = np.zeros(self.T)
-        for name in dict.fromkeys(self.head_in[x].value if x in self.head_in else x for x in (q, k, v)):
-            lay = self.layouts.get(name)
-            if lay is not None:
-                sizes = np.outer(np.diff(lay.row_cuts), np.diff(lay.col_cuts)).reshape(-1) * lay.itemsize
-                held += np.bincount(lay.tiles.reshape(-1), weights=sizes, minlength=self.T)[:self.T]
+        held = self._held_operand_bytes(node) if held is None else held
         sync = cost_terms.sync_cycles(chip)
 
         def unit(codelet_name: str, r: int, kb: int, rounds: int) -> int:  # a round's operands in, then its vertex
@@ -208,7 +217,7 @@ class AttentionLowering:
             shapes += [(r, kb), (r, dv)] + ([(r, 2)] if split else [])  # scores, output (p @ v), and its stats
             vx = codelet(codelet_name).cycles(chip, params + [group], shapes, (qt.dtype, kt.dtype, vt.dtype) + mdt
                                               + (sdt, ot.dtype) + (("float32",) if split else ()))
-            return cost_terms.exchange_cycles(chip, int(held.max() / rounds), recv) + sync + vx
+            return cost_terms.exchange_cycles(chip, int(held / rounds), recv) + sync + vx
 
         if nk == 1:
             u_bh, u_q0, u_q1, rounds = self._attention_units(out, bh, sq)

@@ -57,6 +57,12 @@ def _mm_reversed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 REORDERINGS: dict[str, MatMulFn] = {"float64": _mm64, "reversed": _mm_reversed}
 
 
+def _widened(mm: MatMulFn) -> MatMulFn:
+    """mm for rules that widen half operands themselves (numerics/amp, numerics/attention): _mm32 is then np.matmul,
+    which those rules take for the codelets' own group sums (exact with amp.EXACT_GROUP_SUMS, as the codelets')."""
+    return np.matmul if mm is _mm32 else mm
+
+
 def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = _mm32) -> RefRule:
     """x @ w (+ b) as K-part partials (K cut at `cuts`) summed in float32 in part order, rounded to the output dtype,
     then the bias."""
@@ -76,8 +82,7 @@ def _split_k_ref(op: str, cuts: tuple[int, ...], attrs: Mapping, mm: MatMulFn = 
             acc = np.float32 if x.dtype == np.float16 else x.dtype
             xa, wa = x.astype(acc, copy=False), w.astype(acc, copy=False)  # (once, not once per part)
             if half and x.dtype == np.float16:  # each part in half partials (matmul_partial with its group)
-                parts = (half_partial_sums(xa[..., a0:a1], wa[a0:a1], int(a["group"]),
-                                           matmul=None if mm is _mm32 else mm)  # (the codelets' group sums)
+                parts = (half_partial_sums(xa[..., a0:a1], wa[a0:a1], int(a["group"]), matmul=_widened(mm))
                          for a0, a1 in pairwise(cuts))
             else:
                 parts = (mm(xa[..., a0:a1], wa[a0:a1]) for a0, a1 in pairwise(cuts))
@@ -139,6 +144,8 @@ def _key_split_ref(cuts: tuple[int, ...], mm: MatMulFn = _mm32) -> RefRule:
 
     from tremula.numerics.attention import (causal_allowed, combine_blocks, exp_shifted, group_of, scores,
                                             weighted_values)
+
+    mm = _widened(mm)
 
     def ref(xs, a):
         q, k, v = xs[:3]

@@ -19,7 +19,7 @@ from tremula.ir.interp import infer_types
 from tremula.ir.layers import find_layers, layer_roles, node_key
 from tremula.plan.finalize import StreamConflict, memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
-from tremula.plan.lower_ops import MATMULS, Lowerer, free_temp_fraction
+from tremula.plan.lower_ops import MATMULS, CodeOverflow, Lowerer, free_temp_fraction
 from tremula.plan.price import host_bytes, node_cycles, state_cycles
 from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers
 from tremula.plan.strategies import BUFFER_FRACTION, TEMP_FRACTION
@@ -378,11 +378,12 @@ def _planned_graph(graph: Graph, dtype: str, chip, scales: dict[str, int] | None
 
 
 def _lowered(g: Graph, chip, progress: Progress | None, layers: dict, budget: tuple, level: bool,
-             op_scale: dict[str, float] | None = None):
-    """One lowering of the planned graph `g`: budget = (operand fraction, permanent fraction, share, K rounds)."""
+             op_scale: dict[str, float] | None = None, code_limit: int | None = None):
+    """One lowering of the planned graph `g`: budget = (operand fraction, permanent fraction, share, K rounds).
+    code_limit: stop with CodeOverflow once exchange code overflows that many bytes on a tile (Lowerer)."""
     frac, perm, share, k_rounds = budget
     return Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share, layers=layers,
-                   k_rounds=k_rounds, level_weights=level, op_scale=op_scale).lower()
+                   k_rounds=k_rounds, level_weights=level, op_scale=op_scale, code_limit=code_limit).lower()
 
 
 WEIGHTS = ("auto", "resident", "streamed")
@@ -426,14 +427,19 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     g = _planned_graph(graph, dtype, chip, scales, partials)
     layers = find_layers(g)
 
-    def lower(budget: tuple, level: bool, op_scale: dict[str, float] | None = None):
-        return _lowered(g, chip, progress, layers, budget, level, op_scale)
+    def lower(budget: tuple, level: bool, op_scale: dict[str, float] | None = None, code_limit: int | None = None):
+        return _lowered(g, chip, progress, layers, budget, level, op_scale, code_limit=code_limit)
 
     layered = len(set(layers.values())) > 1  # identical layers to share, maybe
     if layered:
         if weights != "resident" and limits.needs(g, dtype).total > limits.chip_capacity(chip):
             shared_only = True  # every weight on the chip cannot fit: only shared plans, which can stream, may
     tried_shared = False
+    # An unshared plan of a graph with shared layers to fall back on stops lowering once its exchange code overflows
+    # the code region (a plan cannot fit then, and every layer lowered apart adds its own): shared plans are tried
+    # instead, as when an unshared plan's fixed bytes overflow (below).
+    code_limit = getattr(chip, "non_interleaved_bytes_per_tile", None) if layered else None
+    overflowed = -1  # the budget whose lowering stopped so
     # FREE: the operand budget of what the tiles have left (lower_ops.free_temp_fraction); a budget equal to the one
     # before it is not tried twice
     free = free_temp_fraction(g, chip) if any(b[0] is FREE for b in PLAN_BUDGETS) else 0.0
@@ -455,9 +461,17 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
             continue
         if k_rounds == "lean" and last == i - 1 and budgets[last][:3] == (frac, perm, share) and not retry_lean:
             continue
-        tried_shared, last = tried_shared or share, i
+        tried_shared = tried_shared or share
         plan = state = live = None  # drop the previous lowering before making the next
-        state = lower(budgets[i], level)
+        try:
+            state = lower(budgets[i], level, code_limit=None if share or weights == "resident" else code_limit)
+        except CodeOverflow as e:  # its code alone overflows: as when its fixed bytes do (below), only shared plans
+            overflowed = i
+            if fullness is not None:  # at least this full
+                fullness.append(e.nbytes / e.limit)
+            shared_only = True
+            continue
+        last = i
         mp, live, reserved = memory_plan(state, chip)
         # Shared layers' storage levelled (plan/layers.spread_caps) when the fullest tile overflows by less than its
         # weights exceed the mean tile's, and kept levelled for the budgets after it when that lowers the peak
@@ -502,8 +516,13 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
             futile[share] = frac  # judged on the last plan of this mode before a tighter one
         else:
             futile.pop(share, None)
-    assert best is not None and plan is not None
-    if best[1] != last and lowest_peak:
+    if best is None:  # every budget tried stopped early: one of them lowered whole, for what the error reports
+        state = lower(budgets[overflowed], level)
+        plan, last = (state, *memory_plan(state, chip)), overflowed
+        best = (plan[1].peak_bytes, last, None, state.level_weights)
+    # (plan None: the last lowering tried stopped early. A plan that fits is kept although an earlier one may have a
+    # lower peak: one whose instructions overflowed the code region)
+    if plan is None or (not plan[1].fits and best[1] != last and lowest_peak):
         plan = state = live = None
         state = lower(budgets[best[1]], best[3])
         plan = (state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies

@@ -101,7 +101,8 @@ def memory_plan(state: LoweringState, chip, streaming: Streaming | None = None, 
     while True:
         key = ("reserved", sharing is not None)
         if key not in memo:
-            memo[key] = reserved_bytes(state.T, state.steps, chip, sharing, is_w)
+            counted = getattr(state, "exchange_code", None) if sharing is None else None  # (Lowerer's code_limit)
+            memo[key] = reserved_bytes(state.T, state.steps, chip, sharing, is_w, counted)
         reserved = memo[key]
         mp = plan_memory([b.category for b in state.bufs], [b.tiles for b in state.bufs],
                          [b.sizes for b in state.bufs], live.first, live.last, state.T, reserved,

@@ -38,7 +38,7 @@ from tremula.plan.strategies import (
 )
 from tremula.sorting import positions_in_runs
 from tremula.target import cost_terms
-from tremula.target.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS
+from tremula.target.overheads import BASE_CODE_BYTES, CODE_BYTES, OPTIONAL_CODELETS, exchange_code_bytes
 
 I64 = np.int64
 STRIDE = 1 << 40  # index maps encode (input k, element e) as k * STRIDE + e
@@ -53,6 +53,17 @@ MATMULS = ("Linear", "MatMul", "LinearFp8")
 # whose plan of SigLIP so400m fp8 at batch 8 has the smallest fullest tile (950, 765, 867 and 1,021 KB); fewer panels
 # make the matmuls' output blocks too wide, more make their K splits' reduce-scatters long.
 PANEL_PARTS = 6
+
+
+class CodeOverflow(TremulaError):
+    """A lowering stopped early (Lowerer's code_limit): the exchange code of the steps it had made already overflowed
+    a tile's code region, which the rest of the graph's steps can only add to (every step keeps its own code when
+    layers do not share it), so the plan cannot fit."""
+
+    def __init__(self, tile: int, nbytes: int, limit: int, node: int, nodes: int):
+        super().__init__(f"exchange code of {nbytes:,} B on tile {tile} after {node} of {nodes} nodes, over the "
+                         f"{limit:,} B code region")
+        self.tile, self.nbytes, self.limit, self.node = tile, nbytes, limit, node
 
 
 def supported(graph: Graph) -> list[str]:
@@ -100,7 +111,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
     def __init__(self, graph: Graph, chip, progress: Callable[[str, int, int], None] | None = None,
                  temp_fraction: float = TEMP_FRACTION, perm_fraction: float | None = None, share_layers: bool = False,
                  layers: dict[str, LayerKey] | None = None, replay: bool = True, k_rounds: str = "free",
-                 level_weights: bool = False, op_scale: dict[str, float] | None = None):
+                 level_weights: bool = False, op_scale: dict[str, float] | None = None,
+                 code_limit: int | None = None):
         super().__init__(chip.tiles)
         # node_key -> (run, index) of the repeated layers, found by structure (ir/layers.py) unless the caller did
         self.layers = find_layers(graph) if layers is None else layers
@@ -139,6 +151,15 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         self.cursor = 0  # first tile of the next weight placement: rotating spreads weights over all tiles
         self.row_block_bytes = int(ROW_BLOCK_FRACTION * chip.sram_bytes_per_tile)
         self.spread_rows = perm_fraction is None  # the fastest plan first; budgets keep row layouts compact
+        # Stop with CodeOverflow once the exchange code of the steps made so far overflows this many bytes on a tile
+        # (None: never). Without shared layers every step keeps its code, so what is counted can only grow: SigLIP
+        # so400m fp16 at batch 12 unshared reserved 4.3 MB of a 208 KiB region, and lowering all 27 layers to find
+        # that out took 145 s and 23 GB of host memory (pipeline.plan_graph then plans shared layers).
+        self.code_limit = None if share_layers else code_limit
+        self._code_seen, self._excode = 0, np.zeros(chip.tiles, I64)
+        # every step's exchange code once lowering is done, when it was counted (the memory plan takes it:
+        # plan/finalize.memory_plan), else None
+        self.exchange_code: np.ndarray | None = None
 
     def _split_heads(self, graph: Graph) -> None:
         """A fused projection (passes/fuse_qkv.py) whose Split outputs attention reads per head: its output columns
@@ -177,11 +198,29 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             self.temp_fraction = self._fraction(node)  # what the node's strategies read
             getattr(self, "_lower_" + self._kind(node.op))(node)
             self.temp_fraction = self.plan_fraction
+            if self.code_limit is not None:
+                self._check_code(i + 1)
         if self.share_layers:
             self._enter("")  # end the last run of layers
         for o in g.outputs:
             self.host_out.append(SymStream(o, self.layout_of(o)))
+        if self.code_limit is not None:  # the last step's code too: what the memory plan reserves, counted once
+            self._check_code(len(g.nodes), len(self.steps))
+            self.exchange_code = self._excode
         return self
+
+    def _check_code(self, done: int, closed: int | None = None) -> None:
+        """Add the exchange code of the steps closed since the last call (all but the last step, which may still
+        take transfers, unless `closed` says how many are), as the memory plan reserves it
+        (target/overheads.exchange_code_bytes); raise CodeOverflow when a tile's total is over code_limit."""
+        closed = len(self.steps) - 1 if closed is None else closed
+        if closed <= self._code_seen:
+            return
+        self._excode += exchange_code_bytes(self.T, self.steps[self._code_seen:closed], self.chip)
+        self._code_seen = closed
+        t = int(np.argmax(self._excode))
+        if self._excode[t] > self.code_limit:
+            raise CodeOverflow(t, int(self._excode[t]), self.code_limit, done, len(self.graph.nodes))
 
     def _fraction(self, node: Node) -> float:
         """The operand budget of `node`'s strategies: the plan-wide one, scaled for its role (op_scale)."""

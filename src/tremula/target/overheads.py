@@ -186,7 +186,46 @@ def _based(k: int, i: int, t, sharing, is_weight) -> np.ndarray | None:
     return None
 
 
-def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -> dict[str, np.ndarray]:
+def _step_exchange_code(k: int, tables, tiles: int, chip, sharing, is_weight) -> np.ndarray:
+    """Exchange code bytes per tile of step k's own transfer tables (reserved_bytes)."""
+    instr = getattr(chip, "exchange_instruction_bytes", None)
+    enc = getattr(chip, "exchange_code", None)
+    excode = np.zeros(tiles, np.int64)
+    for i, t in enumerate(tables):
+        # With an encoding model the receives are priced per step below, so only the sends are needed here.
+        send, recv = (_send_bytes(enc, t.rows, t.row_bytes, t.src_stride), None) if enc is not None \
+            else transfer_code_bytes(t, chip)
+        based = _based(k, i, t, sharing, is_weight)
+        if based is not None:  # a template's weight-sourced send adds the layer's weight base
+            send = send + (instr or EXCHANGE_BYTES_PER_TRANSFER // 4) * based
+        excode += np.bincount(t.src_tile, weights=send, minlength=tiles).astype(np.int64)
+        if enc is None:
+            excode += np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(np.int64)
+    if enc is not None and tables:
+        # One phase: a tile's receives from all of the step's tables follow each other, so contiguity (and the
+        # free pointer set of its first receive) is judged over all of them together.
+        dests = [np.concatenate([np.asarray(d, np.int64) for d in col]) for col in zip(*map(_destinations, tables))]
+        excode += np.bincount(dests[0], weights=_receive_bytes(enc, *dests), minlength=tiles).astype(np.int64)
+        in_phase = np.zeros(tiles, bool)
+        for t in tables:
+            in_phase[t.src_tile] = True
+            in_phase[t.d_tile] = True
+        excode += enc.phase_bytes_per_tile * in_phase
+    return excode
+
+
+def exchange_code_bytes(tiles: int, steps, chip=None) -> np.ndarray:
+    """The exchange code bytes per tile reserved_bytes gives `steps` without shared layers, step by step: the sum
+    over disjoint runs of steps is the whole's (the Lowerer counts it as it goes: lower_ops.CodeOverflow)."""
+    excode = np.zeros(tiles, np.int64)
+    for k, s in enumerate(steps):
+        excode += _step_exchange_code(k, [s.exchange] if hasattr(s, "exchange") else s.transfers, tiles, chip, None,
+                                      None)
+    return excode
+
+
+def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None,
+                   exchange_code: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """code, vertex_state and exchange_code bytes per tile for a list of steps (Program Steps or SymSteps).
 
     Code is the codelets a tile runs, the fixed runtime and, with a chip, each step's control code on every tile;
@@ -194,12 +233,13 @@ def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -
     that takes part. With `sharing` (plan/share.py; SymSteps only), the vertex groups and transfer tables of layers
     that run their template's code are not counted again (nor are the control and phase code of steps made only of
     them); their per-layer tables of rewritten vertex fields are, and each weight-sourced transfer of a template costs
-    its sender one more instruction (adding the layer's weight base)."""
-    instr = getattr(chip, "exchange_instruction_bytes", None)
+    its sender one more instruction (adding the layer's weight base). `exchange_code`: the steps' exchange code
+    already counted (exchange_code_bytes, without sharing), taken instead of counted again."""
     enc = getattr(chip, "exchange_code", None)
     code_sets: dict[str, np.ndarray] = {}
     vstate = np.zeros(tiles, np.int64)
-    excode = np.zeros(tiles, np.int64)
+    assert exchange_code is None or sharing is None
+    excode = np.zeros(tiles, np.int64) if exchange_code is None else exchange_code.astype(np.int64)
     own_steps = 0  # steps whose control code is the tiles' own (not a template layer's)
     ctrl = np.zeros(tiles, np.int64)  # the calls' control code
     for k, s in enumerate(steps):
@@ -212,34 +252,14 @@ def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None) -
                 code_sets.setdefault(g.codelet, np.zeros(tiles, bool))[g.tiles] = True
             continue
         own_steps += 1
-        groups = s.compute if hasattr(s, "compute") else s.groups
-        tables = [s.exchange] if hasattr(s, "exchange") else s.transfers
-        for i, g in enumerate(groups):
+        for g in s.compute if hasattr(s, "compute") else s.groups:
             mark = code_sets.setdefault(g.codelet, np.zeros(tiles, bool))
             mark[g.tiles] = True
             per = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * len(g.dtypes) + BYTES_PER_PARAM * g.params.shape[1]
             vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
-        own = tables
-        for i, t in enumerate(tables):
-            # With an encoding model the receives are priced per step below, so only the sends are needed here.
-            send, recv = (_send_bytes(enc, t.rows, t.row_bytes, t.src_stride), None) if enc is not None \
-                else transfer_code_bytes(t, chip)
-            based = _based(k, i, t, sharing, is_weight)
-            if based is not None:  # a template's weight-sourced send adds the layer's weight base
-                send = send + (instr or EXCHANGE_BYTES_PER_TRANSFER // 4) * based
-            excode += np.bincount(t.src_tile, weights=send, minlength=tiles).astype(np.int64)
-            if enc is None:
-                excode += np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(np.int64)
-        if enc is not None and own:
-            # One phase: a tile's receives from all of the step's tables follow each other, so contiguity (and the
-            # free pointer set of its first receive) is judged over all of them together.
-            dests = [np.concatenate([np.asarray(d, np.int64) for d in col]) for col in zip(*map(_destinations, own))]
-            excode += np.bincount(dests[0], weights=_receive_bytes(enc, *dests), minlength=tiles).astype(np.int64)
-            in_phase = np.zeros(tiles, bool)
-            for t in own:
-                in_phase[t.src_tile] = True
-                in_phase[t.d_tile] = True
-            excode += enc.phase_bytes_per_tile * in_phase
+        if exchange_code is None:
+            excode += _step_exchange_code(k, [s.exchange] if hasattr(s, "exchange") else s.transfers, tiles, chip,
+                                          sharing, is_weight)
     code = np.full(tiles, BASE_CODE_BYTES + (enc.control_bytes_per_step * own_steps if enc is not None else 0),
                    np.int64) + ctrl
     for name, mark in code_sets.items():

@@ -9,7 +9,6 @@ bytes by category and the largest batch that fits (found by planning only, never
 from __future__ import annotations
 
 import multiprocessing
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Union
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from tremula.batch_search import AUTO_GROWN, find_max_batch, fits_at, growable, refuse_oversize, zero_scales
 from tremula.beside import beside, can_fork
@@ -25,6 +23,7 @@ from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibration_job
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.ir.graph import Graph, model_batch
+from tremula.passes.precision import usable_cores
 from tremula.pipeline import (
     GROW_STEPS,
     Progress,
@@ -248,28 +247,19 @@ def _largest_calibrated(build, chip, dt: str, fits: int, largest: int, found: di
 
 def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict[str, int]]:
     """The calibration `job` (calibration_job's) started beside the planning (beside.py), and a function that waits
-    for its scales. While the planner runs (Python on one thread) the calibration's BLAS takes every core this process
-    may use but that one; once the planner waits for the scales, every core (between two of the calibration's ops).
-    On two cores OpenBLAS's two threads and the planner took turns on both: SigLIP so400m fp8 --batch auto took 54.6 s
-    (its search done at about 40 s, the scales at about 48), 47.5 s with one BLAS thread (the search done at 25 s, the
-    scales at 42: the calibration takes 29 s alone on two threads, 38 on one), while a fixed batch 1, whose planning
-    is short, went from 34.9 to 45.0 s on one thread. Raised to two when the planner waits: batch 1 33.2 s, batch 8
-    36.6 s (46.8 on two threads throughout); --batch auto 47.9 s while it grew one batch fully (it grows two now)."""
+    for its scales. While the planner runs (Python on one thread) the calibration's matmuls take every core this
+    process may use but that one; once the planner waits for the scales, every core (at its next matmul). Its scales
+    are the same either way (ir/blocked.py); before they were, its BLAS threads were raised instead, and the same
+    compile could give two Programs. On two cores OpenBLAS's two threads and the planner took turns on both: SigLIP
+    so400m fp8 --batch auto took 54.6 s (its search done at about 40 s, the scales at about 48), 47.5 s with one BLAS
+    thread (the search done at 25 s, the scales at 42: the calibration takes 29 s alone on two threads, 38 on one),
+    while a fixed batch 1, whose planning is short, went from 34.9 to 45.0 s on one thread. Raised to two when the
+    planner waits: batch 1 33.2 s, batch 8 36.6 s (46.8 on two threads throughout)."""
     ctx = multiprocessing.get_context("fork") if can_fork() else None
     waiting = ctx.Event() if ctx is not None else threading.Event()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-    def run() -> dict[str, int]:
-        raised: list = []
-
-        def between() -> None:
-            if not raised and waiting.is_set():
-                raised.append(threadpool_limits(cores))  # (kept: the limits hold until the process ends)
-
-        with threadpool_limits(max(1, cores - 1)):
-            return job(between)
-
-    result = beside(run, name="tremula-calibrate", process=True)
+    cores = usable_cores()
+    result = beside(job, lambda: cores if waiting.is_set() else max(1, cores - 1), name="tremula-calibrate",
+                    process=True)
 
     def scales() -> dict[str, int]:
         waiting.set()

@@ -21,13 +21,13 @@ CALIBRATION_SAMPLES = 4
 
 
 def fp8_scales(graph: Graph, feeds: dict[str, np.ndarray] | None = None,
-               between: Callable[[], None] | None = None) -> dict[str, int]:
-    """Activation scales for the fp8 policy, calibrated on `feeds` (seeded inputs when None), in float32. `between`:
-    called after each node (passes/precision.calibration_scales)."""
+               threads: Callable[[], int] | None = None) -> dict[str, int]:
+    """Activation scales for the fp8 policy, calibrated on `feeds` (seeded inputs when None), in float32 on
+    threads() threads (all usable cores when None; the scales do not depend on it: passes/precision.calibration_scales)."""
     from tremula.passes.precision import calibration_scales, fp8_linear_casts
 
     g = fp8_linear_casts(canonical(graph))
-    return calibration_scales(g, feeds if feeds is not None else make_feeds(g, CALIBRATION_SEED), between)
+    return calibration_scales(g, feeds if feeds is not None else make_feeds(g, CALIBRATION_SEED), threads)
 
 
 def calibrate(build, graph: Graph | None, calibration: dict[str, np.ndarray] | None, chip) -> dict[str, int]:
@@ -38,19 +38,19 @@ def calibrate(build, graph: Graph | None, calibration: dict[str, np.ndarray] | N
 def calibration_job(build, graph: Graph | None, calibration: dict[str, np.ndarray] | None, chip
                     ) -> Callable[..., dict[str, int]]:
     """What `calibrate` computes, as a function to run later (compile's --batch auto runs it beside the batch
-    search; it takes fp8_scales's `between`), with everything that can refuse the user's inputs done now: the user's
+    search; it takes fp8_scales's `threads`), with everything that can refuse the user's inputs done now: the user's
     arrays are checked against the
     model at its own batch first (names, shapes, samples), then the model at their number of samples against the
     host's memory (types only), and only then are their values read (kinds, finiteness, ids)."""
     if not calibration:
         if build is None:
             assert graph is not None
-            return lambda between=None: fp8_scales(graph, between=between)
+            return lambda threads=None: fp8_scales(graph, threads=threads)
         try:
             g = build(CALIBRATION_SAMPLES)
         except FixedBatch:  # a fixed batch that cannot be rebatched: its own samples
             g = build(None)
-        return lambda between=None: fp8_scales(g, between=between)
+        return lambda threads=None: fp8_scales(g, threads=threads)
     small = graph if build is None else build(None)
     assert small is not None
     arrays, n = _calibration_arrays(small, calibration)
@@ -66,7 +66,7 @@ def calibration_job(build, graph: Graph | None, calibration: dict[str, np.ndarra
             raise TremulaError(f"calibration inputs hold {n} samples, and the model cannot take them: {e}") from None
     refuse_oversize(build, g, chip, "float32", what=f"calibrating {g.name} on {n} samples", host_only=True)
     feeds = calibration_values(canonical(small), arrays)
-    return lambda between=None: fp8_scales(g, feeds, between)
+    return lambda threads=None: fp8_scales(g, feeds, threads)
 
 
 def _calibration_arrays(g: Graph, calibration: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:

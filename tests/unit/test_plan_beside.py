@@ -68,28 +68,22 @@ def test_a_caller_keeping_the_seeded_weights_calibrates_beside_too(monkeypatch, 
     assert _same_program(kept, compile_model("siglip-tiny", "c600", 2, "fp8"), tmp_path)
 
 
-@pytest.mark.parametrize("cores,threads", [({0}, (1, 1)), ({0, 1}, (1, 2)), ({0, 1, 2, 3}, (3, 4))])
+@pytest.mark.parametrize("cores,threads", [(1, (1, 1)), (2, (1, 2)), (4, (3, 4))])
 def test_the_calibration_leaves_the_planner_a_core_until_it_waits(monkeypatch, cores, threads):
-    """The calibration beside the planning runs its BLAS on every core this process may use but one (at least one),
-    and on every core once the planner waits for its scales (between two of its ops)."""
+    """The calibration beside the planning runs its matmuls on every core this process may use but one (at least
+    one), and on every core once the planner waits for its scales (its scales do not depend on it:
+    tests/unit/test_blocked_matmul.py)."""
     import time
-
-    from threadpoolctl import threadpool_info
 
     import tremula.compiler as compiler
 
-    def blas() -> set[int]:
-        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
-
-    def job(between):
-        first, t0 = blas(), time.perf_counter()
-        while blas() == first and time.perf_counter() - t0 < 2.0:  # (the planner "plans" until scales() is called)
-            between()
+    def job(threads_now):
+        first, t0 = threads_now(), time.perf_counter()
+        while threads_now() == first and time.perf_counter() - t0 < 2.0:  # (the planner "plans" until scales())
             time.sleep(0.01)
-        return first, blas()
+        return first, threads_now()
 
-    monkeypatch.setattr(compiler.os, "sched_getaffinity", lambda pid: cores, raising=False)
+    monkeypatch.setattr(compiler, "usable_cores", lambda: cores)
     scales = compiler._calibration_beside(job)
     time.sleep(0.1)
-    first, then = scales()
-    assert (first, then) == ({threads[0]}, {threads[1]})
+    assert scales() == threads

@@ -9,12 +9,15 @@ Linear(Fp8Cast(x), Fp8Cast(W)) and stores both operands as one-byte codes for th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from tremula.errors import TremulaError
+from tremula.ir.blocked import BlockedMatmuls
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node, TensorType
 from tremula.ir.interp import infer_types, run
 from tremula.numerics.fp8 import Fp8Format, max_abs, quantize, scale_for_max_abs
@@ -69,12 +72,13 @@ def activation_casts(graph: Graph) -> list[Node]:
 
 
 def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray],
-                       between: Callable[[], None] | None = None) -> dict[str, int]:
+                       threads: Callable[[], int] | None = None) -> dict[str, int]:
     """Each activation cast's scale (by node name) from the max-abs its input reaches on the calibration inputs.
 
     The calibration runs the graph as it is (casts before this one already quantising), so each scale sees the
-    values it will see at inference. `between`, when given, is called after each value is made (compile_model
-    raises the calibration's BLAS threads there once the planning beside it waits for it).
+    values it will see at inference. Its matmuls give the same values on any number of threads (ir/blocked.py: BLAS
+    held to one thread, row blocks spread over `threads()` threads, all usable cores when None), so the scales do not
+    change with the machine's load or its cores.
     """
     casts = activation_casts(graph)
     if not casts:
@@ -82,13 +86,21 @@ def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray],
     top: dict[str, float] = {n.inputs[0]: 0.0 for n in casts}
 
     def seen(name: str, value: np.ndarray) -> None:  # each input's max-abs as it is made (not kept to the end)
-        if between is not None:
-            between()
         if name in top:
             top[name] = max(top[name], max_abs(value))
 
-    run(graph, feeds, observe=seen)
+    matmuls = BlockedMatmuls(threads or usable_cores)
+    try:
+        with threadpool_limits(1, user_api="blas"):  # (only BLAS: the compiled element-wise kernels keep theirs)
+            run(graph, feeds, override=matmuls, observe=seen)
+    finally:
+        matmuls.close()
     return {n.name: scale_for_max_abs(top[n.inputs[0]], Fp8Format.parse(n.attrs["fmt"])) for n in casts}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def with_scales(graph: Graph, scales: dict[str, int]) -> Graph:

@@ -117,8 +117,8 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     batch over the lower bound (limits.py) is answered without planning, and one no budget fits without lowering
     its least full plan again (plan_graph's lowest_peak=False). `rates`: a plan that fits has its modelled
     samples/s put there by batch (priced from its lowering state as the compile prices its Program); `plans` (with
-    rates): the AUTO_GROWN fastest plans so far (the larger batch on a tie) are kept there whole, batch -> (graph as
-    planned, state, memory plan, liveness, reserved), for the compile to grow on (pipeline.grown_on). from_budget /
+    rates): the AUTO_GROWN fastest plans so far (the larger batch on a tie) are kept there whole, batch -> its
+    Plan, for the compile to grow on (pipeline.grown_on). from_budget /
     budget: as in pipeline.plan_graph (`budget` gets nothing when the batch is not planned). grow: a plan that fits
     is grown one step, its operand budget into the bytes it left free (pipeline.plan_graph's `grow`, without the
     ops' own budgets; growable), and its rate is the grown plan's; how full it is stays the plan's before."""
@@ -127,18 +127,17 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     if on_chip.total > cap or (host is not None and on_host.total > host):
         return False, True, None
     tried: list[float] = []
-    g, state, mp, live, reserved = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only,
-                                              partials=partials, weights=weights, lowest_peak=False, fullness=tried,
-                                              from_budget=from_budget, budget=budget,
-                                              grow=1 if grow else 0, grow_ops=False, grow_when=growable(chip))
-    if mp.fits and rates is not None:
-        rates[batch] = plan_rate(g, state, mp, live, reserved, chip, dtype, batch)
+    plan = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only, partials=partials,
+                      weights=weights, lowest_peak=False, fullness=tried, from_budget=from_budget, budget=budget,
+                      grow=1 if grow else 0, grow_ops=False, grow_when=growable(chip))
+    if plan.fits and rates is not None:
+        rates[batch] = plan_rate(plan, chip, dtype, batch)
         if plans is not None:  # the AUTO_GROWN fastest so far (the larger batch on a tie)
-            plans[batch] = (g, state, mp, live, reserved)
+            plans[batch] = plan
             if len(plans) > AUTO_GROWN:
                 del plans[min(plans, key=lambda b: (rates[b], b))]
-    full = tried[-1] if mp.fits else min(tried)  # (the plan that fitted, before any growth)
-    return mp.fits, shared_only or not mp.fits or getattr(state, "share_layers", False), full
+    full = tried[-1] if plan.fits else min(tried)  # (the plan that fitted, before any growth)
+    return plan.fits, shared_only or not plan.fits or getattr(plan.state, "share_layers", False), full
 
 
 def growable(chip) -> Callable[..., bool]:

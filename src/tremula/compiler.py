@@ -36,6 +36,7 @@ from tremula.pipeline import (
     relowered,
     resolve_dtype,
 )
+from tremula.plan.plan import Plan
 from tremula.program import Program, streamed_weight_bytes
 
 ModelSpec = Union[Graph, str, Callable[[int], Graph]]  # noqa: UP007 (a runtime alias)
@@ -269,7 +270,7 @@ def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict
 
 
 def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibrating: Callable[[], dict[str, int]],
-                 partials: str, weights: str):
+                 partials: str, weights: str) -> Plan:
     """plan_graph at a fixed batch (while the FP8 calibration runs beside it, when it does: `calibrating` waits for its
     scales): planned (and grown) with all-zero scales, then lowered again with the calibrated ones (_calibrated).
     SigLIP so400m fp8 on two cores, one compile a process:
@@ -280,20 +281,20 @@ def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibra
     return _calibrated(graph, chip, dt, plan, calibrating(), partials, weights, False, progress)
 
 
-def _calibrated(graph: Graph, chip, dt: str, plan: tuple, scales: dict[str, int], partials: str, weights: str,
-                shared_only: bool, progress: Progress | None):
-    """A plan of `graph` made with all-zero FP8 scales (plan_graph's tuple), lowered again with the calibrated
+def _calibrated(graph: Graph, chip, dt: str, plan: Plan, scales: dict[str, int], partials: str, weights: str,
+                shared_only: bool, progress: Progress | None) -> Plan:
+    """A plan of `graph` made with all-zero FP8 scales (plan_graph's), lowered again with the calibrated
     `scales` at the choices made (pipeline.relowered), and kept when that still fits. Scales change no choice of a
     plan; in shared layers they decide which scale fields a call patches (vertex state, call cycles), and zeros patch
     none, so a plan fits with zeros whenever it fits with calibrated scales and the choices are those planning with
     them would make, except where a budget fits only without the patches (the growth may then stop elsewhere; the
     plan kept still fits, by its own memory plan). When it does not fit, or its weights stream (the layers streamed
     are chosen by their bytes), it is planned again with the calibrated scales."""
-    if plan[2].fits:
-        state, plan = plan[1], None  # (one lowering alive at a time)
+    if plan.fits:
+        state, plan = plan.state, None  # (one lowering alive at a time)
         plan = relowered(graph, chip, dt, state, scales, partials, progress)
         state = None
-        if plan is not None and plan[2].fits:
+        if plan is not None and plan.fits:
             return plan
     plan = None
     return plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights, grow=GROW_STEPS)
@@ -304,19 +305,19 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     """--batch auto's choice among the batches a search planned (`found`, find_max_batch's): the AUTO_GROWN it ranks
     fastest (their plans grown one step) each grown fully, as a compile at that batch grows its plan (the search's
     kept plan grown on, pipeline.grown_on, else planned again), and the faster of them (on a tie the larger batch):
-    (batch, its graph as built, plan_graph's tuple), or None. Their rates in found["rates"] become the grown plans'.
+    (batch, its graph as built, its Plan), or None. Their rates in found["rates"] become the grown plans'.
     `scales`: the FP8 scales to plan with, or all zeros (`zeros`: planning beside the calibration)."""
     rates, kept = found["rates"], found.pop("plans", {})
     best = None
     for b in sorted(rates, key=lambda b: (rates[b], b), reverse=True)[:AUTO_GROWN]:
         graph, k = _exact(build, b), kept.pop(b, None)
         if k is not None:
-            plan, k = (k[0], *grown_on(k[0], k[1:], chip, progress)), None
+            plan, k = grown_on(k, chip, progress), None
         else:
             plan = plan_graph(graph, chip, dt, progress, zero_scales(graph) if zeros else scales,
                               _shared_only(found, largest, b), partials, weights, grow=GROW_STEPS)
-        if plan[2].fits:
-            rates[b] = plan_rate(*plan, chip, dt, b)
+        if plan.fits:
+            rates[b] = plan_rate(plan, chip, dt, b)
             if best is None or (rates[b], b) > (rates[best[0]], best[0]):
                 best = (b, graph, plan)
         plan = None
@@ -396,29 +397,29 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # vertex state against 12.1 KB). The batch compiled and the largest are then planned with the calibrated
         # scales.
         search_scales = scales if calibrating is None else zero_scales(one)
-        g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=search_scales, partials=partials,
-                                                   weights=weights, grow=1, grow_ops=False, grow_when=growable(chip))
-        if not mp.fits and calibrating is not None:  # the error reports the bytes of the calibrated plan
-            g1, state, mp, live, reserved = plan_graph(one, chip, dt, scales=calibrating(), partials=partials,
-                                                       weights=weights)
-        if not mp.fits:
-            raise _does_not_fit(state, mp, live, chip, 1, 0)
-        found: dict = {"rates": {1: plan_rate(g1, state, mp, live, reserved, chip, dt, 1)}}
-        if getattr(state, "share_layers", False):  # plans without shared layers failed at batch 1 already
+        p1 = plan_graph(one, chip, dt, scales=search_scales, partials=partials, weights=weights, grow=1,
+                        grow_ops=False, grow_when=growable(chip))
+        if not p1.fits and calibrating is not None:  # the error reports the bytes of the calibrated plan
+            p1 = None
+            p1 = plan_graph(one, chip, dt, scales=calibrating(), partials=partials, weights=weights)
+        if not p1.fits:
+            raise _does_not_fit(p1.state, p1.memory, p1.liveness, chip, 1, 0)
+        found: dict = {"rates": {1: plan_rate(p1, chip, dt, 1)}}
+        if getattr(p1.state, "share_layers", False):  # plans without shared layers failed at batch 1 already
             found["shared_from"] = 1
         # The fastest plans the search makes are kept whole (fits_at), and growing them fully grows them on instead
         # of planning them again, when a probe's graph is the one compiled: a model file's probes are rebatched
         # graphs, whose value names may differ from the file's own at that batch (_Rebatching), so those are planned
         # again. (FP8: kept planned with all-zero scales, lowered again with the calibrated ones at the end.)
         if not hasattr(build, "exact"):
-            found["plans"] = {1: (g1, state, mp, live, reserved)}
+            found["plans"] = {1: p1}
         # When batch 1 fits with every weight on the chip, the search keeps them there: streaming is how a model too
         # big for the chip runs at all, and larger batches that fit only by streaming were slower where measured
         # (SigLIP so400m fp8: 205.0 samples/s at batch 16 with 15 layers streamed, 221.6 resident at 9), while each
         # such probe plans for minutes.
-        if weights == "auto" and getattr(state, "streaming", None) is None:
+        if weights == "auto" and getattr(p1.state, "streaming", None) is None:
             weights = "resident"
-        g1 = state = live = reserved = one = None
+        p1 = one = None
         largest = find_max_batch(build, chip, dtype, progress=progress, scales=search_scales, one_fits=True,
                                  found=found, partials=partials, weights=weights, grow=True)
         # The fastest of the batches planned, each ranked by its plan grown one step (a larger batch can be slower:
@@ -436,7 +437,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             scales = calibrating()
             if planned is not None:
                 planned = _calibrated(graph, chip, dt, planned, scales, partials, weights, shared_only, progress)
-            if planned is not None and planned[2].fits:  # the largest then is at least the batch compiled
+            if planned is not None and planned.fits:  # the largest then is at least the batch compiled
                 largest = _largest_calibrated(build, chip, dt, batch, largest, found, scales, partials, weights,
                                               progress)
                 rates = {b: r for b, r in rates.items() if b <= largest}
@@ -456,7 +457,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     real = model_batch(graph)
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)
     if planned is not None:
-        g, state, mp, live, reserved = planned
+        plan = planned
     elif dt == "fp8" and auto is None:
         # Planned with all-zero scales, then lowered again with the calibrated ones, however they were had: beside
         # the plan, first (where the platform cannot fork), or given (a pipeline stage's). Near full the two ways of
@@ -465,12 +466,12 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # gave the other.
         if calibrating is None:
             calibrating = lambda had=scales: had  # noqa: E731
-        g, state, mp, live, reserved = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights)
+        plan = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights)
         scales = calibrating()
     else:
-        g, state, mp, live, reserved = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights,
-                                                  grow=GROW_STEPS)
+        plan = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights, grow=GROW_STEPS)
     planned = None
+    g, state, mp = plan.graph, plan.state, plan.memory
     if require_fit and not mp.fits:
         # Batch 1 not fitting answers the search already; otherwise search below this batch.
         max_b = 0 if batch == 1 else None
@@ -480,8 +481,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                                        weights=weights)
             except FixedBatch:  # fixed at this batch and not rebatchable: no other batch to offer
                 max_b = None
-        raise _does_not_fit(state, mp, live, chip, batch, max_b)
-    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dt, batch, progress)
+        raise _does_not_fit(state, mp, plan.liveness, chip, batch, max_b)
+    program, comp, exch, sync = priced_program(plan, chip, dt, batch, progress)
     res = CompileResult(program, mp.fits, batch, dt, mp.fullest_tile, mp.peak_bytes, mp.peak_time // 2,
                         dict(mp.by_category), len(program.steps), comp + exch + sync, comp, exch, sync,
                         dict(state.strategies), dict(state.split_sums), graph=g, source=graph)

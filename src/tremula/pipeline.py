@@ -20,6 +20,7 @@ from tremula.ir.layers import find_layers, layer_roles, node_key
 from tremula.plan.finalize import StreamConflict, memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
 from tremula.plan.lower_ops import MATMULS, CodeOverflow, Lowerer, free_temp_fraction
+from tremula.plan.plan import Plan
 from tremula.plan.price import host_bytes, node_cycles, state_cycles
 from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers
 from tremula.plan.strategies import BUFFER_FRACTION, TEMP_FRACTION
@@ -128,12 +129,12 @@ def lower_precision(graph: Graph, dtype: str, chip=None, scales: dict[str, int] 
     return g
 
 
-def priced_program(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int,
-                   progress: Progress | None = None):
+def priced_program(plan: Plan, chip, dt: str, batch: int, progress: Progress | None = None):
     """(Program, compute, exchange, sync cycles of one forward) of a plan: the Program the plan lowers to, each step
     priced by target.step_cost (the same price the profile charges)."""
+    g = plan.graph
     io = {n: (g.types[n].shape, g.types[n].dtype) for n in list(g.inputs) + list(g.outputs)}
-    program = to_program(state, chip, mp, live, reserved, dt, batch, io)
+    program = to_program(plan.state, chip, plan.memory, plan.liveness, plan.reserved, dt, batch, io)
     comp = exch = sync = 0
     for i, s in enumerate(program.steps):
         if progress:
@@ -152,17 +153,17 @@ def host_cycles(program, chip) -> tuple[int, int, int, int]:
     return b_in, b_out, host_transfer_cycles(chip, b_in), host_transfer_cycles(chip, b_out)
 
 
-def plan_rate(g: Graph, state, mp, live, reserved, chip, dt: str, batch: int) -> float:
+def plan_rate(plan: Plan, chip, dt: str, batch: int) -> float:
     """Modelled samples/s of a plan: batch / (host in + forward + host out), as CompileResult.throughput_cycles
     charges it (host transfers in series with the forward). Priced from its lowering state (plan/price.py: the
     numbers its Program is priced at), or from its Program when its weights stream (their bytes are counted from
     the Program's constants)."""
-    cycles = state_cycles(state, chip)
+    cycles = state_cycles(plan.state, chip)
     if cycles is None:
-        program, *cycles = priced_program(g, state, mp, live, reserved, chip, dt, batch)
+        program, *cycles = priced_program(plan, chip, dt, batch)
         _, _, c_in, c_out = host_cycles(program, chip)
     else:
-        c_in, c_out = (host_transfer_cycles(chip, b) for b in host_bytes(state))
+        c_in, c_out = (host_transfer_cycles(chip, b) for b in host_bytes(plan.state))
     return batch * chip.clock_hz / (c_in + sum(cycles) + c_out)
 
 
@@ -187,9 +188,9 @@ class Growth:
     unchanged_at: float = 0.0
 
 
-def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: int,
-           resume: Growth | None = None) -> tuple:
-    """The fastest of `plan` (state, memory plan, liveness, reserved; it fits, at operand budget `budget`; `lower` is
+def _grown(lower: Callable[..., Any], chip, plan: Plan, budget: tuple, steps: int,
+           resume: Growth | None = None) -> tuple[Plan, float]:
+    """The fastest of `plan` (it fits, at operand budget `budget`; `lower` is
     plan_graph's: a budget and levelling -> a lowered state) and the plans that fit at larger operand budgets, `steps`
     lowerings at most: each tries the budget that gives the bytes the last plan that fitted left free to the
     temporaries (whose budget is BUFFER_FRACTION / TEMP_FRACTION times the operand budget), halving the step towards
@@ -198,15 +199,15 @@ def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: i
     when it did not), when that plan is the one kept: every op had that budget there and none changed. The plan kept
     gets where the growth stopped (Growth, as `.growth`); `resume`, such a record of `plan`, carries it on."""
     frac, perm, share, k_rounds = budget
-    best = (sum(state_cycles(plan[0], chip)), plan)
+    best = (sum(state_cycles(plan.state, chip)), plan)
 
     def step(mp) -> float:  # the next budget to try after a plan that fits
         up = at.lo + (1.0 - plan_fullness(mp, chip)) * TEMP_FRACTION / BUFFER_FRACTION
         return up if up < at.failed else (at.lo + at.failed) / 2
 
     if resume is None:  # (lo: the largest budget that fitted; failed: the smallest that did not)
-        at = Growth(frac, float("inf"), (best[0], plan[1].peak_bytes), 0.0)
-        at.hi = step(plan[1])
+        at = Growth(frac, float("inf"), (best[0], plan.memory.peak_bytes), 0.0)
+        at.hi = step(plan.memory)
     else:
         at = Growth(**vars(resume))
     for _ in range(steps):
@@ -214,7 +215,7 @@ def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: i
             at.done = True
             break
         at.steps += 1
-        state = lower((at.hi, perm, share, k_rounds), plan[0].level_weights)
+        state = lower((at.hi, perm, share, k_rounds), plan.state.level_weights)
         mp, live, reserved = memory_plan(state, chip, both_orders=True)  # packed tighter where it can be
         if mp.fits:
             cycles = sum(state_cycles(state, chip))
@@ -223,35 +224,35 @@ def _grown(lower: Callable[..., Any], chip, plan: tuple, budget: tuple, steps: i
                 at.done, at.unchanged_at = True, (at.hi if cycles == best[0] else 0.0)
                 break
             if cycles < best[0]:
-                best = (cycles, (state, mp, live, reserved))
+                best = (cycles, Plan(plan.graph, state, mp, live, reserved))
             at.lo, at.last = at.hi, (cycles, mp.peak_bytes)
         else:
             at.failed = at.hi
         state = live = None
         at.hi = step(mp) if mp.fits else (at.lo + at.failed) / 2
-    best[1][0].growth = at
+    best[1].state.growth = at
     return best[1], at.unchanged_at
 
 
-def _growth(lower: Callable[..., Any], chip, g: Graph, layers: dict, plan: tuple, budget: tuple, steps: int,
-            ops: bool, resume: Growth | None = None) -> tuple:
+def _growth(lower: Callable[..., Any], chip, layers: dict, plan: Plan, budget: tuple, steps: int, ops: bool,
+            resume: Growth | None = None) -> Plan:
     """_grown's `steps` (carrying on `resume`), then, with `ops`, the costliest roles' own budgets (_grown_ops)."""
     plan, unchanged_at = _grown(lower, chip, plan, budget, steps, resume)
     if ops:
-        kept = (plan[0].plan_fraction, *budget[1:]), plan[0].level_weights  # the budget the growth kept
-        growth = plan[0].growth
-        plan = _grown_ops(lambda sc: lower(*kept, sc), chip, plan, _budget_roles(g, layers, plan[0], chip),
+        kept = (plan.state.plan_fraction, *budget[1:]), plan.state.level_weights  # the budget the growth kept
+        growth = plan.state.growth
+        plan = _grown_ops(lambda sc: lower(*kept, sc), chip, plan, _budget_roles(plan.graph, layers, plan.state, chip),
                           GROW_OP_ROLES * len(GROW_OP_SCALES), unchanged_at)
-        plan[0].growth = growth
+        plan.state.growth = growth
     return plan
 
 
-def grown_on(g: Graph, plan: tuple, chip, progress: Progress | None = None) -> tuple:
-    """A plan of `g` (plan_graph's, without its graph) grown as plan_graph(grow=GROW_STEPS) grows one: a batch search
+def grown_on(plan: Plan, chip, progress: Progress | None = None) -> Plan:
+    """A plan (plan_graph's) grown as plan_graph(grow=GROW_STEPS) grows one: a batch search
     grows its probes a step (grow=1, grow_ops=False, maybe not at all: grow_when), and the compile carries the plan it
     chose on from there (Growth), instead of planning it again. A plan plan_graph would not grow (not at the free
     budget, or its weights stream) is returned as it is."""
-    state = plan[0]
+    g, state = plan.graph, plan.state
     growth: Growth | None = getattr(state, "growth", None)
     if growth is None:
         return plan
@@ -262,23 +263,23 @@ def grown_on(g: Graph, plan: tuple, chip, progress: Progress | None = None) -> t
 
     budget = (growth.lo, state.perm_fraction, state.share_layers, state.k_rounds)
     fresh = growth.steps == 0 and not growth.done
-    return _growth(lower, chip, g, layers, plan, budget, GROW_STEPS - growth.steps, True, None if fresh else growth)
+    return _growth(lower, chip, layers, plan, budget, GROW_STEPS - growth.steps, True, None if fresh else growth)
 
 
-def _grown_ops(lower: Callable[..., Any], chip, plan: tuple, roles: list[str], steps: int,
-               unchanged_at: float = 0.0) -> tuple:
+def _grown_ops(lower: Callable[..., Any], chip, plan: Plan, roles: list[str], steps: int,
+               unchanged_at: float = 0.0) -> Plan:
     """The fastest of `plan` (it fits; `lower`: an operand-budget scale per role -> a lowered state) and the plans
     where one role after another (in the order given) takes a larger operand budget than the plan-wide one
     (GROW_OP_SCALES, the first that fits; a scale kept when its plan fits and is faster), `steps` lowerings at most.
     Every try lowers the whole graph again (the roles kept so far included) and is checked by its own memory plan.
     A scale whose budget is at most `unchanged_at` is not tried: the plan-wide growth gave every op that budget and
     the plan stayed the same (_grown; ViT-B fp16 b8 and BERT-base b16 try none)."""
-    best = (sum(state_cycles(plan[0], chip)), plan)
+    best = (sum(state_cycles(plan.state, chip)), plan)
     scale: dict[str, float] = {}
     tries = iter(range(steps))
     for role in roles:
         for s in GROW_OP_SCALES:
-            if s * plan[0].plan_fraction <= unchanged_at:
+            if s * plan.state.plan_fraction <= unchanged_at:
                 continue
             if next(tries, None) is None:
                 return best[1]
@@ -289,7 +290,7 @@ def _grown_ops(lower: Callable[..., Any], chip, plan: tuple, roles: list[str], s
                 continue
             cycles = sum(state_cycles(state, chip))
             if cycles < best[0]:
-                best, scale = (cycles, (state, mp, live, reserved)), {**scale, role: s}
+                best, scale = (cycles, Plan(plan.graph, state, mp, live, reserved)), {**scale, role: s}
             state = live = None
             break  # the largest scale that fits ends the role's tries
     return best[1]
@@ -334,29 +335,29 @@ def _streamed_plan(state, chip, mp, everything: bool):
         return -(-(m.peak_bytes - chip.sram_bytes_per_tile) // layer)
 
     k = longest if everything else min(longest, max(MIN_RUN, 2 + layers_over(mp)))
-    plan = None
+    made = None  # (memory plan, liveness, reserved)
     while True:
         streaming = plan_streaming(state, trailing_layers(state, k))
         if isinstance(streaming, str):
             break
         try:
-            plan = memory_plan(state, chip, streaming)
+            made = memory_plan(state, chip, streaming)
         except StreamConflict:
-            plan = None
+            made = None
             break
-        if plan[0].fits or everything or k == longest:
+        if made[0].fits or everything or k == longest:
             break
-        k = min(longest, k + max(1, layers_over(plan[0])))
-    if plan is not None and (plan[0].fits or everything):
-        return plan
-    if plan is not None and plan[0].peak_bytes < mp.peak_bytes:
-        return plan  # the least it can do: streaming every layer (state.streaming says so)
+        k = min(longest, k + max(1, layers_over(made[0])))
+    if made is not None and (made[0].fits or everything):
+        return made
+    if made is not None and made[0].peak_bytes < mp.peak_bytes:
+        return made  # the least it can do: streaming every layer (state.streaming says so)
     state.sharing, state.streaming = saved
     return None
 
 
 def relowered(graph: Graph, chip, dtype: str, state, scales: dict[str, int] | None, partials: str = "float",
-              progress: Progress | None = None):
+              progress: Progress | None = None) -> Plan | None:
     """plan_graph's result for the plan `state` (a lowering of `graph` made with other FP8 scales) lowered again with
     `scales`: the same operand budget, permanent budget, shared layers, K rounds, levelled storage and op budgets,
     its memory plan made the same way. Scales change no choice the lowering makes, only the values of the vertex
@@ -369,7 +370,7 @@ def relowered(graph: Graph, chip, dtype: str, state, scales: dict[str, int] | No
     new = _lowered(g, chip, progress, find_layers(g),
                    (state.plan_fraction, state.perm_fraction, state.share_layers, state.k_rounds),
                    state.level_weights, dict(state.op_scale) or None)
-    return (g, new, *memory_plan(new, chip, both_orders=state.both_orders))
+    return Plan(g, new, *memory_plan(new, chip, both_orders=state.both_orders))
 
 
 def _planned_graph(graph: Graph, dtype: str, chip, scales: dict[str, int] | None, partials: str) -> Graph:
@@ -402,8 +403,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
                scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float",
                weights: str = "auto", lowest_peak: bool = True, fullness: list[float] | None = None,
                from_budget: int = 0, budget: list[int] | None = None, grow: int = 0,
-               grow_ops: bool = True, grow_when: Callable[[Any, Any], bool] | None = None):
-    """Plan + memory plan (no Program): (graph as planned, lowering state, memory plan, liveness, reserved bytes).
+               grow_ops: bool = True, grow_when: Callable[[Any, Any], bool] | None = None) -> Plan:
+    """The Plan of `graph` (plan/plan.py: the graph as planned, its lowering and memory plan; no Program yet).
     shared_only: skip the budgets without shared layers (the caller knows they do not fit). lowest_peak: when no
     plan fits, return the one with the lowest peak (lowered again if it was not the last tried) rather than the last
     one, whose memory plan still says it does not fit (a batch search needs no more); `fullness`, when given, gets
@@ -491,7 +492,7 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
             0 < mp.peak_bytes - chip.sram_bytes_per_tile <= getattr(state, "lean_saves", 0)
         if share and weights != "resident" and (weights == "streamed" or not (mp.fits or retry_lean)):
             mp, live, reserved = _streamed_plan(state, chip, mp, weights == "streamed") or (mp, live, reserved)
-        plan = (state, mp, live, reserved)
+        plan = Plan(g, state, mp, live, reserved)
         if fullness is not None:
             fullness.append(plan_fullness(mp, chip))
         if best is None or mp.peak_bytes < best[0]:
@@ -518,20 +519,20 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
             futile.pop(share, None)
     if best is None:  # every budget tried stopped early: one of them lowered whole, for what the error reports
         state = lower(budgets[overflowed], level)
-        plan, last = (state, *memory_plan(state, chip)), overflowed
-        best = (plan[1].peak_bytes, last, None, state.level_weights)
+        plan, last = Plan(g, state, *memory_plan(state, chip)), overflowed
+        best = (plan.memory.peak_bytes, last, None, state.level_weights)
     # (plan None: the last lowering tried stopped early. A plan that fits is kept although an earlier one may have a
     # lower peak: one whose instructions overflowed the code region)
-    if plan is None or (not plan[1].fits and best[1] != last and lowest_peak):
+    if plan is None or (not plan.fits and best[1] != last and lowest_peak):
         plan = state = live = None
         state = lower(budgets[best[1]], best[3])
-        plan = (state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies
+        plan = Plan(g, state, *memory_plan(state, chip, best[2]))  # the same lowering: the same streaming applies
         last = best[1]
-    if grow and plan[1].fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
-        if grow_when is None or grow_when(plan[0], plan[1]):
+    if grow and plan.fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
+        if grow_when is None or grow_when(plan.state, plan.memory):
             state = live = None
-            plan = _growth(lower, chip, g, layers, plan, budgets[last], grow, grow_ops)
-            state = plan[0]
+            plan = _growth(lower, chip, layers, plan, budgets[last], grow, grow_ops)
+            state = plan.state
         else:  # not grown (no step taken, not done): grown_on grows it from the start
             state.growth = Growth(free, float("inf"), (0, 0), 0.0)
     if budget is not None:
@@ -539,4 +540,4 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     if weights == "streamed" and getattr(state, "streaming", None) is None:
         raise TremulaError(f"--weights streamed: {graph.name} has no run of {MIN_RUN} or more identical layers whose "
                            "weights can be streamed; use --weights auto or resident")
-    return (g, *plan)
+    return plan

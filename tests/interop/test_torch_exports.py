@@ -158,8 +158,8 @@ def test_batch_probes_import_the_file_once_and_plan_as_the_file_at_that_batch(fa
     for b, g in probes.items():
         assert g.types[g.inputs[0]].shape[0] == b
     chip = load_chip("c600")
-    _, ps, probe, _, _ = plan_graph(probes[8], chip, "float16")
-    _, es, exact, _, _ = plan_graph(build.exact(8), chip, "float16")
+    p, e = plan_graph(probes[8], chip, "float16"), plan_graph(build.exact(8), chip, "float16")
+    ps, probe, es, exact = p.state, p.memory, e.state, e.memory
     assert loads == [1, 8]
     assert (len(ps.steps), probe.peak_bytes, probe.fullest_tile, probe.by_category) == (
         len(es.steps), exact.peak_bytes, exact.fullest_tile, exact.by_category)

@@ -66,12 +66,13 @@ def test_plan_graph_goes_on_to_shared_layers(monkeypatch):
     graph = pipeline.canonical(build_from_config("siglip", _vision("siglip", 32, 4, 4, 48, 32, 8, 1e-6, "gelu_tanh"),
                                                  LazyWeights(), batch=2, name="siglip-tiny4"))
     fullness = []
-    _, state, mp, _, _ = pipeline.plan_graph(graph, chip, "float16", partials="half", fullness=fullness)
+    plan = pipeline.plan_graph(graph, chip, "float16", partials="half", fullness=fullness)
+    state, mp = plan.state, plan.memory
     assert given == [(False, chip.non_interleaved_bytes_per_tile), (True, None)]
     assert state.share_layers and mp.fits
     assert fullness[0] > 1.0  # the stopped plan: at least this full
-    _, alone, mp_alone, _, _ = pipeline.plan_graph(graph, chip, "float16", partials="half", shared_only=True)
-    assert len(state.steps) == len(alone.steps) and np.array_equal(mp.tile_used, mp_alone.tile_used)
+    alone = pipeline.plan_graph(graph, chip, "float16", partials="half", shared_only=True)
+    assert len(state.steps) == len(alone.state.steps) and np.array_equal(mp.tile_used, alone.memory.tile_used)
     given.clear()
     pipeline.plan_graph(graph, chip, "float16", partials="half", weights="resident")
     assert given and all(limit is None for _, limit in given)
@@ -90,5 +91,5 @@ def test_a_plan_that_fits_is_kept_over_a_lower_peak_that_does_not(monkeypatch):
     graph = pipeline.canonical(build_from_config("siglip", _vision("siglip", 32, 4, 4, 48, 32, 8, 1e-6, "gelu_tanh"),
                                                  LazyWeights(), batch=2, name="siglip-tiny4"))
     fullness = []
-    _, state, mp, _, _ = pipeline.plan_graph(graph, chip, "float16", partials="half", fullness=fullness)
-    assert fullness[0] > 1.0 and state.share_layers and mp.fits
+    plan = pipeline.plan_graph(graph, chip, "float16", partials="half", fullness=fullness)
+    assert fullness[0] > 1.0 and plan.state.share_layers and plan.fits

@@ -14,7 +14,8 @@ TINY16 = "examples/chips/tiny16.toml"
 
 def test_embedding_sum_with_a_broadcast_runs_on_rows_and_checks():
     chip = load_chip(TINY16)
-    g, state, *_ = plan_graph(load_model("bert-tiny", 4), chip, "float16")
+    plan = plan_graph(load_model("bert-tiny", 4), chip, "float16")
+    g, state = plan.graph, plan.state
     add = next(n for n in g.nodes if n.op == "Add" and any(
         g.types[i].shape != g.types[n.outputs[0]].shape and view2d(g.types[i].shape)[0] > 1 for i in n.inputs))
     word = next(n for n in g.nodes if n.op == "Gather" and "word" in n.name)
@@ -30,7 +31,8 @@ def test_a_small_table_is_looked_up_on_rows_and_the_sum_stays_there():
     rows (lower_ops._spread_first: the inputs' layout over the most tiles), and the position Add after it needs no
     move of its input."""
     chip = load_chip("c600")
-    g, state, *_ = plan_graph(load_model("bert-tiny", 4), chip, "float16")
+    plan = plan_graph(load_model("bert-tiny", 4), chip, "float16")
+    g, state = plan.graph, plan.state
     lookups = {n.name: n for n in g.nodes if n.op == "Gather"}
     word = next(n for k, n in lookups.items() if "word" in k)
     tt = next(n for k, n in lookups.items() if "token_type" in k)
@@ -47,7 +49,8 @@ def test_an_elementwise_op_runs_on_the_inputs_layout_over_the_most_tiles():
     blocks on many; the Add runs on the latter (each input in blocks of its own, so one moves either way)."""
     import numpy as np
 
-    g, state, *_ = plan_graph(load_model("vit-tiny", 2), load_chip("c600"), "float16")
+    plan = plan_graph(load_model("vit-tiny", 2), load_chip("c600"), "float16")
+    g, state = plan.graph, plan.state
     adds = [n for n in g.nodes if n.op == "Add" and all(
         i not in g.constants and g.types[i].shape == g.types[n.outputs[0]].shape for i in n.inputs)]
     uneven = 0

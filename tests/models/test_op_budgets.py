@@ -8,6 +8,7 @@ from tremula import pipeline
 from tremula.check import check_model
 from tremula.compiler import compile_model
 from tremula.ir.layers import layer_roles
+from tremula.plan.plan import Plan
 from tremula.target.chip import load_chip
 
 TINY16 = Path(__file__).resolve().parents[2] / "examples" / "chips" / "tiny16.toml"
@@ -24,9 +25,9 @@ def test_a_role_planned_on_its_own_budget_checks(tmp_path, monkeypatch):
         role = next(r for r in roles if r.endswith("layer.0.output.dense"))  # fc2
         forced_roles.append(role)
         state = lower({role: 0.25})
-        mp, live, reserved = pipeline.memory_plan(state, chip, both_orders=True)
-        assert mp.fits
-        return state, mp, live, reserved
+        grown = Plan(plan.graph, state, *pipeline.memory_plan(state, chip, both_orders=True))
+        assert grown.fits
+        return grown
 
     monkeypatch.setattr(pipeline, "_grown_ops", forced)
     res = compile_model("vit-tiny", chip, 8, "fp32")

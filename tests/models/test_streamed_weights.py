@@ -148,7 +148,8 @@ def test_auto_streams_the_fewest_layers_that_fit():
     chip = dataclasses.replace(load_chip("c600"), tiles=16, sram_bytes_per_tile=103_000)
     with pytest.raises(DoesNotFit):
         compile_model(deep8, chip, 1, "fp16", weights="resident")
-    _, state, mp, _, _ = pipeline.plan_graph(deep8(1), chip, "float16", partials="half")  # as compile_model
+    plan = pipeline.plan_graph(deep8(1), chip, "float16", partials="half")  # as compile_model
+    state, mp = plan.state, plan.memory
     assert mp.fits
     k = len(state.streaming.layers)
     assert 3 <= k < 8 and state.streaming.layers == trailing_layers(state, k)

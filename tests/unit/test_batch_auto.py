@@ -68,9 +68,10 @@ def test_probes_rank_by_their_plans_grown_one_step_and_fit_by_the_plans_before(m
     fits, _, full = bs.fits_at(lambda b: load_model("gpt2-tiny", batch=b), chip, "float16", 4, partials="half",
                                rates=rates, grow=True)
     assert fits and (asked["grow"], asked["grow_ops"]) == (1, False)
-    g, state, mp, live, reserved = real(load_model("gpt2-tiny", batch=4), chip, "float16", partials="half",
-                                        lowest_peak=False, grow=1, grow_ops=False)
-    assert rates[4] == pipeline.plan_rate(g, state, mp, live, reserved, chip, "float16", 4)
+    plan = real(load_model("gpt2-tiny", batch=4), chip, "float16", partials="half", lowest_peak=False, grow=1,
+                grow_ops=False)
+    state, mp = plan.state, plan.memory
+    assert rates[4] == pipeline.plan_rate(plan, chip, "float16", 4)
     assert full == asked["fullness"][-1] == pipeline.plan_fullness(mp, chip)  # (the last plan tried: before growth)
     when = asked["grow_when"]
     assert when(state, mp) == (pipeline.plan_fullness(mp, chip) < bs.NEAR_FULL)
@@ -82,9 +83,9 @@ def test_plan_graph_without_grow_ops_grows_no_op_budget(monkeypatch):
     import tremula.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "_grown_ops", lambda *a, **k: pytest.fail("grow_ops=False grew an op's budget"))
-    _, state, mp, _, _ = pipeline.plan_graph(load_model("gpt2-tiny", batch=4), load_chip(TINY16), "float16",
-                                             partials="half", grow=1, grow_ops=False)
-    assert mp.fits and not state.op_scale
+    plan = pipeline.plan_graph(load_model("gpt2-tiny", batch=4), load_chip(TINY16), "float16", partials="half",
+                               grow=1, grow_ops=False)
+    assert plan.fits and not plan.state.op_scale
 
 
 def test_placeholder_scales_differ_between_layers():
@@ -221,8 +222,8 @@ def test_a_plan_that_fits_nowhere_is_lowered_again_only_when_the_least_full_was_
     monkeypatch.setattr(pipeline, "Lowerer", Counting)
     chip = load_chip(TINY16)
     full: list[float] = []
-    _, _, mp, _, _ = pipeline.plan_graph(load_model("bert-tiny", batch), chip, "float16", lowest_peak=lowest_peak,
-                                         fullness=full)
+    mp = pipeline.plan_graph(load_model("bert-tiny", batch), chip, "float16", lowest_peak=lowest_peak,
+                             fullness=full).memory
     assert not mp.fits and len(full) >= 2
     least = min(range(len(full)), key=full.__getitem__)
     again = lowest_peak and least != len(full) - 1

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from tremula import pipeline
+from tremula.plan.plan import Plan
 
 
 @dataclass
@@ -44,13 +45,13 @@ def _planner(monkeypatch, peak, cycles):
 def _grow(monkeypatch, peak, cycles, tf0, steps=3):
     tried, Lowerer, memory_plan = _planner(monkeypatch, peak, cycles)
     first = Lowerer(None, None, None, temp_fraction=tf0)
-    plan = (first, *memory_plan(first, _Chip()))
+    plan = Plan(None, first, *memory_plan(first, _Chip()))
 
     def lower(budget, level):  # (plan_graph's)
         return Lowerer(None, None, None, temp_fraction=budget[0], level_weights=level).lower()
 
-    (state, mp, _, _), unchanged_at = pipeline._grown(lower, _Chip(), plan, (tf0, None, True, "free"), steps)
-    return tried, state.tf, mp, unchanged_at
+    plan, unchanged_at = pipeline._grown(lower, _Chip(), plan, (tf0, None, True, "free"), steps)
+    return tried, plan.state.tf, plan.memory, unchanged_at
 
 
 def test_growth_gives_the_free_bytes_to_the_temporaries_and_keeps_the_fastest(monkeypatch):
@@ -84,10 +85,10 @@ def test_growth_carried_on_from_its_record_tries_what_one_growth_tries(monkeypat
         return Lowerer(None, None, None, temp_fraction=budget[0], level_weights=level).lower()
 
     budget = (0.1, None, True, "free")
-    plan, _ = pipeline._grown(lower, _Chip(), (first, *memory_plan(first, _Chip())), budget, 1)
-    assert plan[0].growth.steps == 1 and not plan[0].growth.done
-    plan, _ = pipeline._grown(lower, _Chip(), plan, budget, 3, plan[0].growth)
-    assert tried == pytest.approx([0.28, 0.19, 0.262, 0.226]) and plan[0].tf == pytest.approx(0.226)
+    plan, _ = pipeline._grown(lower, _Chip(), Plan(None, first, *memory_plan(first, _Chip())), budget, 1)
+    assert plan.state.growth.steps == 1 and not plan.state.growth.done
+    plan, _ = pipeline._grown(lower, _Chip(), plan, budget, 3, plan.state.growth)
+    assert tried == pytest.approx([0.28, 0.19, 0.262, 0.226]) and plan.state.tf == pytest.approx(0.226)
 
 
 def test_a_plan_grown_a_step_then_grown_on_is_the_plan_grown_in_one_go(tmp_path):
@@ -106,18 +107,18 @@ def test_a_plan_grown_a_step_then_grown_on_is_the_plan_grown_in_one_go(tmp_path)
     chip = load_chip(str(path))
     graph = load_model("siglip-tiny", 8)
     ungrown = pipeline.plan_graph(graph, chip, "float16", partials="half")
-    g, *probe = pipeline.plan_graph(graph, chip, "float16", partials="half", grow=1, grow_ops=False)
-    probe_steps = probe[0].growth.steps
-    on = pipeline.grown_on(g, tuple(probe), chip)
-    alone = pipeline.plan_graph(graph, chip, "float16", partials="half", grow=pipeline.GROW_STEPS)[1:]
+    probe = pipeline.plan_graph(graph, chip, "float16", partials="half", grow=1, grow_ops=False)
+    probe_steps = probe.state.growth.steps
+    on = pipeline.grown_on(probe, chip)
+    alone = pipeline.plan_graph(graph, chip, "float16", partials="half", grow=pipeline.GROW_STEPS)
 
     def seen(plan):
-        state, mp = plan[0], plan[1]
-        return sum(state_cycles(state, chip)), mp.peak_bytes, dict(state.strategies), state.plan_fraction
+        state = plan.state
+        return sum(state_cycles(state, chip)), plan.memory.peak_bytes, dict(state.strategies), state.plan_fraction
 
-    assert seen(on) == seen(alone) != seen(ungrown[1:])
+    assert seen(on) == seen(alone) != seen(ungrown)
     # the same growth, carried on from the probe's step (its second lowering found the same plan again)
-    assert probe_steps == 1 and on[0].growth == alone[0].growth and alone[0].growth.steps == 2
+    assert probe_steps == 1 and on.state.growth == alone.state.growth and alone.state.growth.steps == 2
 
 
 # ---- pipeline._grown_ops: each role's own operand budget, on the same synthetic planner ---------------------------
@@ -144,9 +145,9 @@ def _grow_ops(monkeypatch, peak, cycles, roles, steps=10, unchanged_at=0.0):
     monkeypatch.setattr(pipeline, "memory_plan", memory_plan)
     monkeypatch.setattr(pipeline, "state_cycles", lambda state, chip: (int(cycles(state.scale)), 0, 0))
     first = State({})
-    state, mp, _, _ = pipeline._grown_ops(lower, _Chip(), (first, *memory_plan(first, _Chip())), roles, steps,
-                                          unchanged_at)
-    return tried, state.scale, mp
+    plan = pipeline._grown_ops(lower, _Chip(), Plan(None, first, *memory_plan(first, _Chip())), roles, steps,
+                               unchanged_at)
+    return tried, plan.state.scale, plan.memory
 
 
 def test_each_role_takes_the_largest_budget_that_fits_when_it_is_faster(monkeypatch):

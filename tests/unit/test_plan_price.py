@@ -24,10 +24,11 @@ def test_the_state_prices_as_its_program(model, batch, dtype, chip, shared):
         from tremula.batch_search import placeholder_scales
 
         scales = placeholder_scales(load_model(model))
-    g, state, mp, live, reserved = plan_graph(load_model(model, batch), chip, dtype, scales=scales,
-                                              shared_only=shared, partials="half", weights="resident")
+    plan = plan_graph(load_model(model, batch), chip, dtype, scales=scales, shared_only=shared, partials="half",
+                      weights="resident")
+    state = plan.state
     assert bool(getattr(state, "sharing", None) and state.sharing.calls) == shared
-    program, comp, exch, sync = priced_program(g, state, mp, live, reserved, chip, dtype, batch)
+    program, comp, exch, sync = priced_program(plan, chip, dtype, batch)
     assert state_cycles(state, chip) == (comp, exch, sync)
     b_in, b_out, _, _ = host_cycles(program, chip)
     assert host_bytes(state) == (b_in, b_out)

@@ -250,8 +250,8 @@ def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict
     """The calibration `job` (calibration_job's) started beside the planning (beside.py), and a function that waits
     for its scales. While the planner runs (Python on one thread) the calibration's matmuls take every core this
     process may use but that one; once the planner waits for the scales, every core (at its next matmul). Its scales
-    are the same either way (ir/blocked.py); before they were, its BLAS threads were raised instead, and the same
-    compile could give two Programs. On two cores OpenBLAS's two threads and the planner took turns on both: SigLIP
+    are the same either way (ir/blocked.py; it takes 27.3 s alone on two threads, 39.3 on one). Until they were, its
+    BLAS threads were raised instead, and the same compile could give two Programs. Measured then, on two cores OpenBLAS's two threads and the planner took turns on both: SigLIP
     so400m fp8 --batch auto took 54.6 s (its search done at about 40 s, the scales at about 48), 47.5 s with one BLAS
     thread (the search done at 25 s, the scales at 42: the calibration takes 29 s alone on two threads, 38 on one),
     while a fixed batch 1, whose planning is short, went from 34.9 to 45.0 s on one thread. Raised to two when the

@@ -23,7 +23,8 @@ CALIBRATION_SAMPLES = 4
 def fp8_scales(graph: Graph, feeds: dict[str, np.ndarray] | None = None,
                threads: Callable[[], int] | None = None) -> dict[str, int]:
     """Activation scales for the fp8 policy, calibrated on `feeds` (seeded inputs when None), in float32 on
-    threads() threads (all usable cores when None; the scales do not depend on it: passes/precision.calibration_scales)."""
+    threads() threads (all usable cores when None; the scales do not depend on it:
+    passes/precision.calibration_scales)."""
     from tremula.passes.precision import calibration_scales, fp8_linear_casts
 
     g = fp8_linear_casts(canonical(graph))

@@ -466,10 +466,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         plan = state = live = None  # drop the previous lowering before making the next
         try:
             state = lower(budgets[i], level, code_limit=None if share or weights == "resident" else code_limit)
-        except CodeOverflow as e:  # its code alone overflows: as when its fixed bytes do (below), only shared plans
-            overflowed = i
-            if fullness is not None:  # at least this full
-                fullness.append(e.nbytes / e.limit)
+        except CodeOverflow:  # its code alone overflows: as when its fixed bytes do (below), only shared plans (how
+            overflowed = i  # full it is stays unknown: `fullness` gets nothing for it)
             shared_only = True
             continue
         last = i
@@ -521,6 +519,8 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         state = lower(budgets[overflowed], level)
         plan, last = Plan(g, state, *memory_plan(state, chip)), overflowed
         best = (plan.memory.peak_bytes, last, None, state.level_weights)
+        if fullness is not None:
+            fullness.append(plan_fullness(plan.memory, chip))
     # (plan None: the last lowering tried stopped early. A plan that fits is kept although an earlier one may have a
     # lower peak: one whose instructions overflowed the code region)
     if plan is None or (not plan.fits and best[1] != last and lowest_peak):

@@ -70,7 +70,7 @@ def test_plan_graph_goes_on_to_shared_layers(monkeypatch):
     state, mp = plan.state, plan.memory
     assert given == [(False, chip.non_interleaved_bytes_per_tile), (True, None)]
     assert state.share_layers and mp.fits
-    assert fullness[0] > 1.0  # the stopped plan: at least this full
+    assert len(fullness) == 1 and fullness[0] <= 1.0  # the shared plan's only: how full the stopped one is is unknown
     alone = pipeline.plan_graph(graph, chip, "float16", partials="half", shared_only=True)
     assert len(state.steps) == len(alone.state.steps) and np.array_equal(mp.tile_used, alone.memory.tile_used)
     given.clear()
@@ -93,3 +93,24 @@ def test_a_plan_that_fits_is_kept_over_a_lower_peak_that_does_not(monkeypatch):
     fullness = []
     plan = pipeline.plan_graph(graph, chip, "float16", partials="half", fullness=fullness)
     assert fullness[0] > 1.0 and plan.state.share_layers and plan.fits
+
+
+def test_when_every_budget_tried_stops_early_one_is_lowered_whole(monkeypatch):
+    """With no shared budget to go on to, plan_graph lowers the stopped budget whole (without the limit), so that it
+    has a plan to return and report, and `fullness` gets that plan's fullness only."""
+    chip = load_chip("c600")
+    given = []
+    real = pipeline._lowered
+
+    def lowered(*args, code_limit=None, **kw):
+        given.append((args[4][2], code_limit))
+        return real(*args, code_limit=None if code_limit is None else 1000, **kw)
+
+    monkeypatch.setattr(pipeline, "_lowered", lowered)
+    monkeypatch.setattr(pipeline, "PLAN_BUDGETS", (UNSHARED[:3],))
+    graph = pipeline.canonical(build_from_config("siglip", _vision("siglip", 32, 4, 4, 48, 32, 8, 1e-6, "gelu_tanh"),
+                                                 LazyWeights(), batch=2, name="siglip-tiny4"))
+    fullness = []
+    plan = pipeline.plan_graph(graph, chip, "float16", partials="half", fullness=fullness)
+    assert given == [(False, chip.non_interleaved_bytes_per_tile), (False, None)]
+    assert not plan.state.share_layers and fullness == [pipeline.plan_fullness(plan.memory, chip)]

@@ -288,8 +288,10 @@ def _summary_rows(res, chip) -> list[tuple[str, str]]:
             "  weights streamed", f"{layers} from host memory, {human_bytes(res.streamed_bytes)} a forward in "
                                   "exchange phases (two of those layers' weights on the chip at a time)"))
     if res.auto:  # --batch auto: the fastest batch the search planned, beside the largest that fits
-        rates = res.auto["rates"]
-        listed = ", ".join(f"{b}: {r:,.0f}/s" for b, r in rates.items())
+        rates, grown = res.auto["rates"], set(res.auto.get("grown", ()))
+        full = ", ".join(f"{b}: {r:,.0f}/s" for b, r in rates.items() if b in grown)
+        step = ", ".join(f"{b}: {r:,.0f}/s" for b, r in rates.items() if b not in grown)
+        listed = f"{full} as compiled" + (f"; ranked by their plans grown one step: {step}" if step else "")
         rows.insert(2, ("batch auto", f"batch {res.batch} is the fastest of those planned that fit ({listed}); the "
                                       f"largest that fits is {res.auto['largest']}"))
     return rows

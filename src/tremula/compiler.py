@@ -94,8 +94,9 @@ class CompileResult:
     split_sums: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     shared_layers: int = 0  # layers that run a template layer's code (plan/share.py)
     # --batch auto: {"largest": the largest batch that fits, "rates": {batch: modelled samples/s} of every batch the
-    # search planned that fits, its plan grown one step, or fully for the AUTO_GROWN fastest of them}; the compiled
-    # batch is the fastest, its rate the one compiled (as a compile of that batch alone). None for any other batch.
+    # search planned that fits, its plan grown one step, or fully for the AUTO_GROWN fastest of them, "grown": those
+    # grown fully (a compile of that batch alone gives their rate; the others' may be higher)}; the compiled batch is
+    # the fastest, its rate the one compiled. None for any other batch.
     auto: dict | None = None
     partials: str = "float"  # what the fp16 / fp8 matmuls accumulate in ("half" or "float"; fp32: float)
     # Host link: the Program's input streams before the forward and its output streams after it
@@ -149,7 +150,8 @@ class CompileResult:
                 "host_cycles": self.host_cycles, "latency_cycles": self.latency_cycles,
                 "host_overlaps_device": False, "throughput_cycles": self.throughput_cycles,
                 **({"auto": {"largest": self.auto["largest"],
-                             "rates": {str(b): r for b, r in self.auto["rates"].items()}}} if self.auto else {})}
+                             "rates": {str(b): r for b, r in self.auto["rates"].items()},
+                             "grown": list(self.auto.get("grown", ()))}} if self.auto else {})}
 
 
 # ------------------------------------------------------------------------------------------------ graph preparation
@@ -251,11 +253,12 @@ def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict
     for its scales. While the planner runs (Python on one thread) the calibration's matmuls take every core this
     process may use but that one; once the planner waits for the scales, every core (at its next matmul). Its scales
     are the same either way (ir/blocked.py; it takes 27.3 s alone on two threads, 39.3 on one). Until they were, its
-    BLAS threads were raised instead, and the same compile could give two Programs. Measured then, on two cores OpenBLAS's two threads and the planner took turns on both: SigLIP
-    so400m fp8 --batch auto took 54.6 s (its search done at about 40 s, the scales at about 48), 47.5 s with one BLAS
-    thread (the search done at 25 s, the scales at 42: the calibration takes 29 s alone on two threads, 38 on one),
-    while a fixed batch 1, whose planning is short, went from 34.9 to 45.0 s on one thread. Raised to two when the
-    planner waits: batch 1 33.2 s, batch 8 36.6 s (46.8 on two threads throughout)."""
+    BLAS threads were raised instead, and the same compile could give two Programs. Measured then, on two cores:
+    OpenBLAS's two threads and the planner took turns on both, and SigLIP so400m fp8 --batch auto took 54.6 s (its
+    search done at about 40 s, the scales at about 48), 47.5 s with one BLAS thread (the search done at 25 s, the
+    scales at 42: the calibration took 29 s alone on two threads, 38 on one), while a fixed batch 1, whose planning
+    is short, went from 34.9 to 45.0 s on one thread. Raised to two when the planner waits: batch 1 33.2 s, batch 8
+    36.6 s (46.8 on two threads throughout)."""
     ctx = multiprocessing.get_context("fork") if can_fork() else None
     waiting = ctx.Event() if ctx is not None else threading.Event()
     cores = usable_cores()
@@ -305,7 +308,8 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     """--batch auto's choice among the batches a search planned (`found`, find_max_batch's): the AUTO_GROWN it ranks
     fastest (their plans grown one step) each grown fully, as a compile at that batch grows its plan (the search's
     kept plan grown on, pipeline.grown_on, else planned again), and the faster of them (on a tie the larger batch):
-    (batch, its graph as built, its Plan), or None. Their rates in found["rates"] become the grown plans'.
+    (batch, its graph as built, its Plan), or None. Their rates in found["rates"] become the grown plans', and the
+    batches go into found["grown"].
     `scales`: the FP8 scales to plan with, or all zeros (`zeros`: planning beside the calibration)."""
     rates, kept = found["rates"], found.pop("plans", {})
     best = None
@@ -318,6 +322,7 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
                               _shared_only(found, largest, b), partials, weights, grow=GROW_STEPS)
         if plan.fits:
             rates[b] = plan_rate(plan, chip, dt, b)
+            found.setdefault("grown", []).append(b)
             if best is None or (rates[b], b) > (rates[best[0]], best[0]):
                 best = (b, graph, plan)
         plan = None
@@ -452,7 +457,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                 batch = max(rates, key=lambda b: (rates[b], b))
                 graph = _exact(build, batch)
                 shared_only = _shared_only(found, largest, batch)
-        auto = {"largest": largest, "rates": dict(sorted(rates.items()))}
+        auto = {"largest": largest, "rates": dict(sorted(rates.items())),
+                "grown": sorted({b for b in found.get("grown", ()) if b in rates} | {batch})}
     assert graph is not None
     real = model_batch(graph)
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)

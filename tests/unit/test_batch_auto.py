@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from tremula.batch_search import find_max_batch
+from tremula.batch_search import AUTO_GROWN, find_max_batch
 from tremula.compiler import compile_model
 from tremula.frontends import load_model
 from tremula.program import save_program
@@ -29,6 +29,10 @@ def test_auto_compiles_the_fastest_batch_planned_and_reports_the_largest(model):
     said = [str(w.message) for w in caught if "largest that fits" in str(w.message)]
     assert bool(said) == (res.batch != res.auto["largest"])
     assert res.summary()["auto"]["largest"] == res.auto["largest"]
+    # the batches grown fully (their rates are a compile's): the compiled one and at most AUTO_GROWN in all
+    grown = res.auto["grown"]
+    assert res.batch in grown and set(grown) <= set(rates) and len(grown) <= AUTO_GROWN
+    assert res.summary()["auto"]["grown"] == grown
 
 
 def test_a_fixed_batch_is_not_auto():

@@ -209,3 +209,16 @@ def test_compile_and_check_on_a_system_of_several_chips(tmp_path):
 def test_system_flags_refused_in_one_line(args, needle):
     assert_one_line_error(run_cli(*args), needle)
 
+
+
+def test_batch_auto_says_which_rates_are_a_compiles():
+    """--batch auto lists each batch planned; the rates of the batches grown fully (a compile's) apart from the
+    ones ranked by a plan grown one step (a compile of that batch may be faster)."""
+    p = run_cli("compile", "vit-tiny", "--chip", "examples/chips/tiny16.toml", "--batch", "auto", "--dtype", "fp16")
+    assert p.returncode == 0, p.stderr
+    row = next(ln for ln in p.stdout.splitlines() if "batch auto" in ln)
+    assert "as compiled" in row and "the largest that fits is" in row
+    p = run_cli("compile", "vit-tiny", "--chip", "examples/chips/tiny16.toml", "--batch", "auto", "--dtype", "fp16",
+                "--json")
+    auto = json.loads(p.stdout)["auto"]
+    assert auto["grown"] and set(map(str, auto["grown"])) <= set(auto["rates"])

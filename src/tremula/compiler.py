@@ -464,12 +464,12 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)
     if planned is not None:
         plan = planned
-    elif dt == "fp8" and auto is None:
+    elif dt == "fp8":
         # Planned with all-zero scales, then lowered again with the calibrated ones, however they were had: beside
         # the plan, first (where the platform cannot fork), or given (a pipeline stage's). Near full the two ways of
         # planning differ (zeros patch no scale field, so the growth has more room): SigLIP so400m fp8 b8 306.0 img/s
         # planned so, 300.3 planned with its scales, which `check` and `--system 1xc600` compiled while `compile`
-        # gave the other.
+        # gave the other. (With --batch auto: the batch a search with the calibrated scales chose, as --batch N.)
         if calibrating is None:
             calibrating = lambda had=scales: had  # noqa: E731
         plan = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights)

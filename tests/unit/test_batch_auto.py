@@ -251,16 +251,29 @@ def test_fp8_auto_calibrates_beside_the_search_and_compiles_with_the_calibrated_
 
 def test_fp8_auto_searches_again_when_the_plan_chosen_does_not_fit_with_the_calibrated_scales(monkeypatch):
     """When the plan of the batch the zero-scale search chose does not fit with the calibrated scales, the search runs
-    again with them: the compile answers what a search with the calibrated scales answers."""
+    again with them: the compile answers what a search with the calibrated scales answers, and plans the batch it
+    chose as --batch N plans it (all-zero scales first, then lowered again with the calibrated ones: _plan_beside)."""
     import tremula.compiler as compiler
     from tremula.fp8_calibration import calibrate
 
-    monkeypatch.setattr(compiler, "_calibrated", lambda *a, **k: None)  # (no plan: as one that does not fit)
+    real, calls = compiler._calibrated, []
+
+    def first_fails(*a, **k):  # the auto's chosen plan: none (as one that does not fit); the compile's after: real
+        calls.append(1)
+        return None if len(calls) == 1 else real(*a, **k)
+
+    monkeypatch.setattr(compiler, "_calibrated", first_fails)
+    beside, planned_beside = compiler._plan_beside, []
+    monkeypatch.setattr(compiler, "_plan_beside", lambda *a, **k: planned_beside.append(1) or beside(*a, **k))
     res = compile_model("bert-tiny", "c600", "auto", "fp8")
+    assert planned_beside == [1]
     build = lambda b: load_model("bert-tiny", batch=b)
     scales = calibrate(build, None, None, load_chip("c600"))
     assert res.fits and res.auto["largest"] == find_max_batch(build, load_chip("c600"), "fp8", scales=scales,
                                                               partials="half")
+    # and the batch it chose is planned as --batch N plans it (all-zero scales first, then the calibrated ones)
+    alone = compile_model("bert-tiny", "c600", res.batch, "fp8")
+    assert (res.cycles, res.peak_tile_bytes, res.strategies) == (alone.cycles, alone.peak_tile_bytes, alone.strategies)
 
 
 @pytest.mark.parametrize("last,probes", [(11, [11]), (10, [11, 10]), (9, [11, 10, 9]), (8, [11, 10, 9])])

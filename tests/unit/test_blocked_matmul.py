@@ -40,10 +40,26 @@ def test_other_ops_and_batched_right_operands_keep_their_rule():
     assert np.array_equal(y, np.matmul(x, w))
 
 
-def test_calibration_scales_do_not_depend_on_threads():
+def test_calibration_scales_do_not_depend_on_threads(monkeypatch):
+    """The calibration runs its graph with the blocked matmuls, on the threads it is given, with BLAS on one thread
+    (the tiny model's products are too small for BLAS's threads to change a bit, so the run is checked too)."""
+    from threadpoolctl import threadpool_info
+
+    import tremula.passes.precision as precision
+
+    seen = []
+    real = precision.run
+
+    def run(graph, feeds, override=None, observe=None):
+        blas = {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+        seen.append((type(override), override.threads(), blas))
+        return real(graph, feeds, override=override, observe=observe)
+
+    monkeypatch.setattr(precision, "run", run)
     g = load_model("vit-tiny", 4)
     one = fp8_scales(g, threads=lambda: 1)
     assert one and fp8_scales(g, threads=lambda: 2) == one
+    assert seen == [(BlockedMatmuls, 1, {1}), (BlockedMatmuls, 2, {1})]
 
 
 @pytest.mark.parametrize("mask_shape", [None, (3, 1, 1, 40), (1, 1, 1, 40), (40,)])

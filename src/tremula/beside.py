@@ -6,6 +6,7 @@ lock)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -21,6 +22,11 @@ from tremula.errors import TremulaError
 # machine vary by up to a fifth). It serves whatever runs on a thread where the platform cannot fork.
 SWITCH_INTERVAL = 1e-4
 _running: list[float] = []  # the interval before the first thread still running was started
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def can_fork() -> bool:

@@ -18,12 +18,11 @@ from typing import Union
 import numpy as np
 
 from tremula.batch_search import AUTO_GROWN, find_max_batch, fits_at, growable, refuse_oversize, zero_scales
-from tremula.beside import beside, can_fork
+from tremula.beside import beside, can_fork, usable_cores
 from tremula.errors import NoFit, TremulaError, notice
 from tremula.fp8_calibration import calibration_job
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.ir.graph import Graph, model_batch
-from tremula.passes.precision import usable_cores
 from tremula.pipeline import (
     GROW_STEPS,
     Progress,

@@ -9,13 +9,13 @@ Linear(Fp8Cast(x), Fp8Cast(W)) and stores both operands as one-byte codes for th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from tremula.beside import usable_cores
 from tremula.errors import TremulaError
 from tremula.ir.blocked import BlockedMatmuls
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node, TensorType
@@ -96,11 +96,6 @@ def calibration_scales(graph: Graph, feeds: dict[str, np.ndarray],
     finally:
         matmuls.close()
     return {n.name: scale_for_max_abs(top[n.inputs[0]], Fp8Format.parse(n.attrs["fmt"])) for n in casts}
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def with_scales(graph: Graph, scales: dict[str, int]) -> Graph:

@@ -186,6 +186,16 @@ def _based(k: int, i: int, t, sharing, is_weight) -> np.ndarray | None:
     return None
 
 
+def _groups(s) -> list:
+    """A step's vertex groups: a Program Step's compute sets or a plan SymStep's groups."""
+    return s.compute if hasattr(s, "compute") else s.groups
+
+
+def _tables(s) -> list:
+    """A step's transfer tables: a Program Step's one exchange or a plan SymStep's tables."""
+    return [s.exchange] if hasattr(s, "exchange") else s.transfers
+
+
 def _step_exchange_code(k: int, tables, tiles: int, chip, sharing, is_weight) -> np.ndarray:
     """Exchange code bytes per tile of step k's own transfer tables (reserved_bytes)."""
     instr = getattr(chip, "exchange_instruction_bytes", None)
@@ -219,8 +229,7 @@ def exchange_code_bytes(tiles: int, steps, chip=None) -> np.ndarray:
     over disjoint runs of steps is the whole's (the Lowerer counts it as it goes: lower_ops.CodeOverflow)."""
     excode = np.zeros(tiles, np.int64)
     for k, s in enumerate(steps):
-        excode += _step_exchange_code(k, [s.exchange] if hasattr(s, "exchange") else s.transfers, tiles, chip, None,
-                                      None)
+        excode += _step_exchange_code(k, _tables(s), tiles, chip, None, None)
     return excode
 
 
@@ -248,18 +257,17 @@ def reserved_bytes(tiles: int, steps, chip=None, sharing=None, is_weight=None,
             words, base = call
             ctrl += CALL_BYTES + BASE_SET_BYTES * base
             vstate += words * PATCH_WORD_BYTES + PATCH_VERTEX_BYTES * (words > 0)
-            for g in s.compute if hasattr(s, "compute") else s.groups:
+            for g in _groups(s):
                 code_sets.setdefault(g.codelet, np.zeros(tiles, bool))[g.tiles] = True
             continue
         own_steps += 1
-        for g in s.compute if hasattr(s, "compute") else s.groups:
+        for g in _groups(s):
             mark = code_sets.setdefault(g.codelet, np.zeros(tiles, bool))
             mark[g.tiles] = True
             per = VERTEX_HEADER_BYTES + BYTES_PER_OPERAND * len(g.dtypes) + BYTES_PER_PARAM * g.params.shape[1]
             vstate += np.bincount(g.tiles, minlength=tiles).astype(np.int64) * per
         if exchange_code is None:
-            excode += _step_exchange_code(k, [s.exchange] if hasattr(s, "exchange") else s.transfers, tiles, chip,
-                                          sharing, is_weight)
+            excode += _step_exchange_code(k, _tables(s), tiles, chip, sharing, is_weight)
     code = np.full(tiles, BASE_CODE_BYTES + (enc.control_bytes_per_step * own_steps if enc is not None else 0),
                    np.int64) + ctrl
     for name, mark in code_sets.items():

@@ -106,3 +106,62 @@ def test_a_relayout_moves_the_largest_runs_that_divide_every_cut():
     flat = np.concatenate(runs)[: 36 * 4]  # 4 output rows of 36 (whole runs of 2, not of 14)
     assert _chunk(flat, 36, [src]) == 2
     assert _chunk(flat + 1, 36, [src]) == 1  # odd starts: no run of 2 starts at a multiple of 2
+
+
+@pytest.mark.parametrize("shape,out_shape", [((4, 6), (3, 4, 6)), ((1, 6), (3, 4, 6)), ((4, 1, 6), (4, 5, 6)),
+                                             ((6,), (2, 3, 6)), ((2, 1, 4, 6), (2, 3, 4, 6))])
+@pytest.mark.parametrize("offset", [0, 3])
+def test_a_broadcast_along_leading_axes_is_chunked_from_its_rows(shape, out_shape, offset):
+    """block_operands reads a broadcast whose last axis is the output's from the source row of each output row
+    (_broadcast_rows), not from the whole index map (12.6 M entries for bert-base b128's position embeddings): the
+    same elements and the same run length as the map gives."""
+    from tremula.plan.lower_ops import _broadcast_chunk, _broadcast_rows
+
+    size = int(np.prod(shape))
+    rows, cols = int(np.prod(out_shape[:-1])), out_shape[-1]
+    idx = np.broadcast_to(np.arange(size).reshape(shape), out_shape).reshape(rows, cols)
+    row_of = _broadcast_rows(shape, out_shape)
+    np.testing.assert_array_equal(row_of[:, None] * cols + np.arange(cols), idx)
+    src = grid_layout(size // cols, cols, [0, size // cols], [0, cols])
+    nc = np.array([cols // 2, cols - cols // 2]) if offset else np.array([cols])
+    assert _broadcast_chunk(None, nc, src, row_of, cols) == _broadcast_chunk(idx, nc, src)
+    assert _broadcast_rows((4, 1), (3, 4, 6)) is None  # a broadcast last axis: the whole map
+
+
+def test_a_large_relayout_is_made_once_and_what_is_derived_from_it_once():
+    """gather_rects keeps its latest large tables (MEMO_PIECES pieces or more) by the content of their arguments: the
+    same arguments give the same table object (a batch search lowers each batch at several budgets, and its
+    embeddings the same each time), other arguments another, and only MEMO_SIZE are kept. The exchange code the memory
+    plan derives from a kept table is kept on it and equals the code of the same table made afresh."""
+    from tremula.plan import exchange
+    from tremula.target.chip import load_chip
+    from tremula.target.overheads import _step_exchange_code
+
+    src = grid_layout(8, 6, [0, 8], [0, 1, 2, 3, 4, 5, 6], dtype="float16")  # one column a block
+    dst = grid_layout(8, 6, [0, 2, 4, 6, 8], [0, 6], dtype="float16", buf=1)  # rows a block
+    tl, rel, r0, r1, c0, c1 = blocks(dst)
+    args = (src, r0, r1, c0, c1, tl, 1, rel, (c1 - c0) * 2)
+    small = gather_rects(*args)
+    assert gather_rects(*args) is not small  # under MEMO_PIECES: made each time
+    old = exchange.MEMO_PIECES
+    try:
+        exchange.MEMO_PIECES = 1
+        exchange._made.clear()
+        a = gather_rects(*args)
+        assert gather_rects(*args) is a and len(a) == len(small) == 24
+        for k in a.__dataclass_fields__:
+            np.testing.assert_array_equal(getattr(a, k), getattr(small, k))
+        other = gather_rects(src, r0, r1, c0, c1, tl, 2, rel, (c1 - c0) * 2)  # another destination buffer
+        assert other is not a and list(other.d_buf) == [2] * len(other)
+        gather_rects(src, r0[:2], r1[:2], c0[:2], c1[:2], tl[:2], 1, rel[:2], (c1 - c0)[:2] * 2)
+        assert len(exchange._made) == exchange.MEMO_SIZE == 2 and gather_rects(*args) is not a  # (a was evicted)
+        chip = load_chip("c600")
+        b = gather_rects(*args)
+        first = _step_exchange_code(0, [b.compact()], 64, chip, None, None)
+        assert b.compact() is b.compact() and "_memo" in vars(b.compact())
+        np.testing.assert_array_equal(_step_exchange_code(0, [b.compact()], 64, chip, None, None), first)
+        np.testing.assert_array_equal(_step_exchange_code(0, [small.compact()], 64, chip, None, None), first)
+        assert first.sum() > 0
+    finally:
+        exchange.MEMO_PIECES = old
+        exchange._made.clear()

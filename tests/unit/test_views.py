@@ -108,3 +108,25 @@ def test_a_mode_split_by_a_size_that_does_not_divide_it_is_refused():
     v = View.of((6, 4)).transpose((1, 0))  # [4, 6], strides 1 and 4
     assert v.reshape((3, 8)) is None  # 8 = 6 x 4/3: not a whole part of one mode
     assert v.reshape((2, 12)) is not None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_slice_index_map_is_the_reference_on_the_input_map(seed):
+    """ir/ops.slice_index_map, which the planner's Slice reads (a map of the output's size), equals Slice's reference
+    applied to np.arange(size).reshape(shape), for random shapes, axes, negative and clamped bounds and steps."""
+    from tremula.ir.ops import rule, slice_index_map
+
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(d) for d in rng.integers(1, 6, rng.integers(1, 5)))
+    axes = [int(a) for a in rng.permutation(len(shape))[: rng.integers(1, len(shape) + 1)]]
+    attrs = {"starts": [], "ends": [], "axes": [a - len(shape) if rng.random() < 0.3 else a for a in axes],
+             "steps": []}
+    for a in axes:
+        d, step = shape[a], int(rng.choice([1, 1, 2, -1, -2]))
+        attrs["starts"].append(int(rng.integers(-d - 2, d + 2)))
+        attrs["ends"].append(int(rng.choice([rng.integers(-d - 2, d + 2), 2**62, -2**62])))
+        attrs["steps"].append(step)
+    ref = rule("Slice").ref([np.arange(int(np.prod(shape))).reshape(shape)], attrs)[0]
+    got = slice_index_map(shape, attrs)
+    assert got.shape == ref.shape
+    np.testing.assert_array_equal(got, ref)

@@ -15,7 +15,7 @@ from tremula.codelets.norm import REDUCE_IDS
 from tremula.errors import TremulaError
 from tremula.ir.graph import Graph, Node
 from tremula.ir.layers import LayerKey, find_layers, layer_roles, node_key
-from tremula.ir.ops import OPS, _norm_axis, rule, transpose_perm
+from tremula.ir.ops import OPS, _norm_axis, rule, slice_index_map, transpose_perm
 from tremula.numerics.fp8 import fp8_format
 from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
 from tremula.plan.layers import SharedLayers
@@ -350,9 +350,14 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
             self.exchange(gather_rects(src, r0, r1, c0, c1, tl, tmp.buf, tmp.rel.reshape(-1), (c1 - c0) * tmp.itemsize))
             return (tmp.buf, tmp.rel.reshape(-1), r1 - r0, c1 - c0)
         rows, cols = lay.rows, lay.cols
-        idx = np.broadcast_to(np.arange(t.size, dtype=I64).reshape(t.shape), out_shape).reshape(rows, cols)
-        row_const = bool((idx == idx[:1]).all())
-        col_const = bool((idx == idx[:, :1]).all())
+        # The source element of output element (r, c): row_of[r] * cols + c when the operand's last axis is not
+        # broadcast (row_of: the source row each output row reads), else from the whole index map idx [rows, cols]
+        # (a bias-like column), which at bert-base b128 would be 12.6 M entries for its position embeddings.
+        row_of = _broadcast_rows(t.shape, out_shape)
+        idx = None if row_of is not None else \
+            np.broadcast_to(np.arange(t.size, dtype=I64).reshape(t.shape), out_shape).reshape(rows, cols)
+        row_const = bool((row_of == row_of[0]).all()) if row_of is not None else bool((idx == idx[:1]).all())
+        col_const = cols == 1 if row_of is not None else bool((idx == idx[:, :1]).all())
         nr = np.ones_like(r0) if row_const else r1 - r0
         nc = np.ones_like(c0) if col_const else c1 - c0
         if resident and value in self.graph.constants and row_const and view2d(t.shape)[0] == 1:
@@ -377,11 +382,12 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         # Block k takes idx[r0:r0 + nr, c0:c0 + nc] in row-major order; j counts its elements. Aligned runs of g
         # elements consecutive on both sides (a row of a broadcast embedding) go as one entry each: the same
         # transfers, from g times fewer entries.
-        g = _broadcast_chunk(idx, nc, src)
+        g = _broadcast_chunk(idx, nc, src, row_of, cols)
         cnt = nr * nc // g
         blk = np.repeat(np.arange(len(tl)), cnt)
         j = positions_in_runs(cnt) * g  # the first element of each run
-        elems = idx[r0[blk] + j // nc[blk], c0[blk] + j % nc[blk]]
+        r, c = r0[blk] + j // nc[blk], c0[blk] + j % nc[blk]
+        elems = row_of[r] * cols + c if row_of is not None else idx[r, c]
         self.exchange(gather_elems(src, elems, tl[blk], buf, trel.reshape(-1)[blk] + j * isz, g))
         return (buf, trel, nr, nc)
 
@@ -607,9 +613,12 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 self.layouts[outs[0]] = free
                 self.strategies[node.name or outs[0]] = f"{node.op} free (same bytes)"
                 return
-        args = [np.arange(self.types[i].size, dtype=I64).reshape(self.types[i].shape) + k * STRIDE
-                for k, i in enumerate(ins)]
-        maps = rule(node.op).ref(args, node.attrs)
+        if node.op == "Slice":  # (its map from the output's size; the generic one is the input's)
+            maps = [slice_index_map(self.types[ins[0]].shape, node.attrs)]
+        else:
+            args = [np.arange(self.types[i].size, dtype=I64).reshape(self.types[i].shape) + k * STRIDE
+                    for k, i in enumerate(ins)]
+            maps = rule(node.op).ref(args, node.attrs)
         srcs = [self.layout_of(i) for i in ins]
         for o, m in zip(outs, maps):
             t = self.types[o]
@@ -1259,12 +1268,31 @@ def _chunk(flat: np.ndarray, cols: int, srcs: list[Layout]) -> int:
     return _largest_run(cols, srcs, moves_runs)
 
 
-def _broadcast_chunk(idx: np.ndarray, nc: np.ndarray, src: Layout) -> int:
+def _broadcast_rows(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> np.ndarray | None:
+    """For an operand of `shape` broadcast to out_shape along its leading axes only (its last axis is the output's):
+    the row of the operand's 2-D view that each row of the output's reads; None when the last axis is broadcast."""
+    if not shape or not out_shape or shape[-1] != out_shape[-1]:
+        return None
+    lead = (1,) * (len(out_shape) - len(shape)) + tuple(shape[:-1])
+    n = int(np.prod(lead, dtype=I64))
+    return np.broadcast_to(np.arange(n, dtype=I64).reshape(lead), out_shape[:-1]).reshape(-1)
+
+
+def _broadcast_chunk(idx: np.ndarray | None, nc: np.ndarray, src: Layout, row_of: np.ndarray | None = None,
+                     cols: int = 0) -> int:
     """_chunk of a broadcast operand's element map (block_operands), found on the index matrix idx [rows, cols]
     instead of on the map's every element: the largest g dividing every block width nc, the source's row length and
     column cuts, such that each aligned run of g columns of idx is g consecutive source elements starting at a
     multiple of g. The blocks partition idx's columns at multiples of g, so these are exactly the map's runs (a block
-    of one row of a map whose rows are all equal reads a row that every other row equals)."""
+    of one row of a map whose rows are all equal reads a row that every other row equals). With `row_of`
+    (_broadcast_rows; idx None) idx[r, c] is row_of[r] * cols + c: every row is one run, and a run of g starts at a
+    multiple of g where its row's start does."""
+    if row_of is not None:
+        if row_of.size == 0 or cols == 0:
+            return 1
+        starts = row_of * cols
+        return _largest_run(int(np.gcd.reduce(np.asarray(nc, I64).reshape(-1))), [src],
+                            lambda g: not (starts % g).any())
     if idx.size == 0:
         return 1
     step: list[np.ndarray] = []  # (made on the first g tried) column c to c + 1 continues the source's run

@@ -7,6 +7,8 @@ so their weight in a "does not fit" verdict is visible.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tremula.sorting import lex_order, positions_in_runs
@@ -202,10 +204,13 @@ def _step_exchange_code(k: int, tables, tiles: int, chip, sharing, is_weight) ->
     enc = getattr(chip, "exchange_code", None)
     excode = np.zeros(tiles, np.int64)
     for i, t in enumerate(tables):
-        # With an encoding model the receives are priced per step below, so only the sends are needed here.
+        based = _based(k, i, t, sharing, is_weight)
+        if enc is not None and based is None:  # (the receives are priced per step below)
+            excode += _kept(t, ("sends", enc, tiles), lambda t=t: np.bincount(
+                t.src_tile, weights=_send_bytes(enc, t.rows, t.row_bytes, t.src_stride), minlength=tiles))
+            continue
         send, recv = (_send_bytes(enc, t.rows, t.row_bytes, t.src_stride), None) if enc is not None \
             else transfer_code_bytes(t, chip)
-        based = _based(k, i, t, sharing, is_weight)
         if based is not None:  # a template's weight-sourced send adds the layer's weight base
             send = send + (instr or EXCHANGE_BYTES_PER_TRANSFER // 4) * based
         excode += np.bincount(t.src_tile, weights=send, minlength=tiles).astype(np.int64)
@@ -214,14 +219,24 @@ def _step_exchange_code(k: int, tables, tiles: int, chip, sharing, is_weight) ->
     if enc is not None and tables:
         # One phase: a tile's receives from all of the step's tables follow each other, so contiguity (and the
         # free pointer set of its first receive) is judged over all of them together.
-        dests = [np.concatenate([np.asarray(d, np.int64) for d in col]) for col in zip(*map(_destinations, tables))]
-        excode += np.bincount(dests[0], weights=_receive_bytes(enc, *dests), minlength=tiles).astype(np.int64)
+        def receives() -> np.ndarray:
+            dests = [np.concatenate([np.asarray(d, np.int64) for d in col]) for col in zip(*map(_destinations, tables))]
+            return np.bincount(dests[0], weights=_receive_bytes(enc, *dests), minlength=tiles).astype(np.int64)
+
+        excode += _kept(tables[0], ("receives", enc, tiles), receives) if len(tables) == 1 else receives()
         in_phase = np.zeros(tiles, bool)
         for t in tables:
             in_phase[t.src_tile] = True
             in_phase[t.d_tile] = True
         excode += enc.phase_bytes_per_tile * in_phase
     return excode
+
+
+def _kept(t, key: tuple, make: Callable[[], np.ndarray]) -> np.ndarray:
+    """make() as int64, kept on a plan's transfer table when it keeps what is derived from it (SymTransfers.memo: a
+    re-layout made once serves several lowerings); a Program's table computes it each time."""
+    memo = getattr(t, "memo", None)
+    return memo(key, lambda: make().astype(np.int64)) if memo is not None else make().astype(np.int64)
 
 
 def exchange_code_bytes(tiles: int, steps, chip=None) -> np.ndarray:

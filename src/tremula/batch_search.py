@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tremula import limits
+from tremula.beside import beside
 from tremula.frontends.rebatch import FixedBatch
 from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import (
@@ -18,6 +19,7 @@ from tremula.pipeline import (
     plan_rate,
     resolve_dtype,
 )
+from tremula.plan.plan import Plan, recipe_of
 
 MAX_AUTO_BATCH = 4096
 # How full a tile a guess's plan must be for the search to try the batch after it next (find_max_batch): a plan this
@@ -111,7 +113,8 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
             scales: dict[str, int] | None = None, shared_only: bool = False,
             partials: str = "float", rates: dict[int, float] | None = None,
             plans: dict | None = None, weights: str = "auto", from_budget: int = 0,
-            budget: list[int] | None = None, grow: bool = False) -> tuple[bool, bool, float | None]:
+            budget: list[int] | None = None, grow: bool = False, level_from: bool = False,
+            growths: GrowthsBeside | None = None) -> tuple[bool, bool, float | None]:
     """(whether a plan fits, whether only shared-layer plans can: none fitting, or the one that fits shares, how
     full (pipeline.plan_fullness) the fitting plan is, else the least full plan tried; None when not planned). A
     batch over the lower bound (limits.py) is answered without planning, and one no budget fits without lowering
@@ -119,9 +122,11 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     samples/s put there by batch (priced from its lowering state as the compile prices its Program); `plans` (with
     rates): the AUTO_GROWN fastest plans so far (the larger batch on a tie) are kept there whole, batch -> its
     Plan, for the compile to grow on (pipeline.grown_on). from_budget /
-    budget: as in pipeline.plan_graph (`budget` gets nothing when the batch is not planned). grow: a plan that fits
-    is grown one step, its operand budget into the bytes it left free (pipeline.plan_graph's `grow`, without the
-    ops' own budgets; growable), and its rate is the grown plan's; how full it is stays the plan's before."""
+    budget / level_from: as in pipeline.plan_graph (`budget` gets nothing when the batch is not planned). grow: a
+    plan that fits is grown one step, its operand budget into the bytes it left free (pipeline.plan_graph's `grow`,
+    without the ops' own budgets; growable), and its rate is the grown plan's; how full it is stays the plan's
+    before. growths: the growth is made beside the search (GrowthsBeside), which puts the grown plan's rate into
+    `rates` when it is collected; a plan that fits is kept there as its recipe, not in `plans`."""
     graph = build(batch)
     (on_chip, on_host), (cap, host) = _needs(graph, dtype, weights), _caps(chip)
     if on_chip.total > cap or (host is not None and on_host.total > host):
@@ -129,15 +134,64 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     tried: list[float] = []
     plan = plan_graph(graph, chip, dtype, scales=scales, shared_only=shared_only, partials=partials,
                       weights=weights, lowest_peak=False, fullness=tried, from_budget=from_budget, budget=budget,
-                      grow=1 if grow else 0, grow_ops=False, grow_when=growable(chip))
+                      grow=1 if grow else 0, grow_ops=False, grow_when=growable(chip), level_from=level_from,
+                      grow_beside=growths.start(batch) if growths is not None else None)
     if plan.fits and rates is not None:
-        rates[batch] = plan_rate(plan, chip, dtype, batch)
-        if plans is not None:  # the AUTO_GROWN fastest so far (the larger batch on a tie)
+        if growths is None or not growths.keep(batch, plan):  # (a growth beside brings its own rate)
+            rates[batch] = plan_rate(plan, chip, dtype, batch)
+        if growths is None and plans is not None:  # the AUTO_GROWN fastest so far (the larger batch on a tie)
             plans[batch] = plan
             if len(plans) > AUTO_GROWN:
                 del plans[min(plans, key=lambda b: (rates[b], b))]
     full = tried[-1] if plan.fits else min(tried)  # (the plan that fitted, before any growth)
     return plan.fits, shared_only or not plan.fits or getattr(plan.state, "share_layers", False), full
+
+
+class GrowthsBeside:
+    """A batch search's one-step growths (fits_at's `grow`), each made in a forked process beside the search while it
+    plans the next batch (beside.py), one at a time. A growth decides how the batches rank, not which batch is probed
+    next nor how (that is decided on the plans before growth), so the search probes what it probes with the growths
+    made in turn, and ranks the batches the same. Each grown plan comes back as its samples/s (into found["rates"])
+    and its Recipe with where its growth stopped (found["made"]: batch -> (Recipe or None, Growth or None)), from which
+    the compile makes it again (compiler._fastest_grown); so does every other plan that fits (keep). BERT-base fp16
+    --batch auto on two cores: its search done at 26-28 s, at 35 s with the growths made in turn; 32-36 s in all
+    against 43 s on one core (the cores it may use: beside.usable_cores). A forked process costs the parent copies
+    of the pages it writes afterwards (6 s of system time against 3 on one core), so growths are made beside only
+    where a second core runs them."""
+
+    def __init__(self, chip, dt: str, found: dict):
+        self.chip, self.dt = chip, dt
+        self.rates, self.made = found.setdefault("rates", {}), found.setdefault("made", {})
+        self._pending: tuple[int, Callable[[], tuple]] | None = None
+
+    def start(self, batch: int) -> Callable[[Callable[[], Plan]], None]:
+        """plan_graph's grow_beside for the plan of `batch`: the growth it hands over is started beside, once the
+        one before it is collected."""
+        def hand(grow: Callable[[], Plan]) -> None:
+            self.collect()
+
+            def work() -> tuple:
+                plan = grow()
+                return plan_rate(plan, self.chip, self.dt, batch), recipe_of(plan.state), plan.state.growth
+
+            self._pending = (batch, beside(work, name="tremula-grow", process=True))
+        return hand
+
+    def keep(self, batch: int, plan: Plan) -> bool:
+        """A plan of `batch` that fits: its recipe kept, unless its growth was handed over (whether it was: that one
+        brings its own recipe and rate)."""
+        if self._pending is not None and self._pending[0] == batch:
+            return True
+        self.made[batch] = (recipe_of(plan.state), getattr(plan.state, "growth", None))
+        return False
+
+    def collect(self) -> None:
+        """Waits for the growth beside, if one runs, and puts what it made in."""
+        if self._pending is not None:
+            batch, result = self._pending
+            self._pending = None
+            rate, recipe, growth = result()
+            self.rates[batch], self.made[batch] = rate, (recipe, growth)
 
 
 def growable(chip) -> Callable[..., bool]:
@@ -150,7 +204,7 @@ def growable(chip) -> Callable[..., bool]:
 def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", limit: int = MAX_AUTO_BATCH,
                    progress: Progress | None = None, scales: dict[str, int] | None = None,
                    one_fits: bool | None = None, found: dict | None = None, partials: str = "float",
-                   weights: str = "auto", grow: bool = False) -> int:
+                   weights: str = "auto", grow: bool = False, growths: GrowthsBeside | None = None) -> int:
     """The largest batch whose plan fits (0 if batch 1 does not), by doubling then guesses; planner only. Fitting
     is not strictly monotone in the batch (splits and budgets change with it), so this is the largest the search
     finds, and every batch it returns has a plan that fits.
@@ -161,7 +215,8 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     that fits (batch 1's too when the caller passes them in), which compile_model's --batch auto chooses among; with
     `found["plans"]` (a dict the caller puts there) the AUTO_GROWN fastest of those plans are kept whole (fits_at).
     A caller whose batch 1 planned only with shared layers puts `found["shared_from"] = 1` there first. grow: each
-    probe that fits is grown a step (fits_at) and its rate is the grown plan's. A compile grows its plan further
+    probe that fits is grown a step (fits_at) and its rate is the grown plan's (with `growths`, made beside: collected
+    before this returns). A compile grows its plan further
     (pipeline.GROW_STEPS, then the costliest ops' budgets), most where the plan at the free budget left the most
     room, so that plan ranks batches otherwise than the compiles would: on a C600, SigLIP so400m fp8 batches 4, 8, 10
     and 11 at 252.3, 251.0, 264.5 and 272.7 samples/s, grown a step 273.2, 275.6, 264.5 and 272.7, compiled 281.2,
@@ -191,24 +246,27 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
     # A batch above the largest that fitted so far starts at the budget that fitted it (pipeline.plan_graph's
     # budgets, fastest first): the faster ones did not fit a smaller batch (BERT-base fp16 at batch 141, after 140
     # fitted only at 0.12: its two 0.23 plans skipped, 7.6 -> 3.9 s). Like shared_from, a bet that plans grow with
-    # the batch.
-    start_batch = start_budget = 0
+    # the batch. Its shared layers' storage starts levelled when that one's was (plan/layers.spread_caps): BERT-base
+    # fp16 from 128 on fitted only levelled, and each larger probe lowered its first budget unlevelled in vain first
+    # (a second of a 4 s probe).
+    start_batch = start_budget = start_level = 0
 
     def ok(b: int) -> bool:
-        nonlocal probes, shared_from, start_batch, start_budget
+        nonlocal probes, shared_from, start_batch, start_budget, start_level
         probes += 1
         if progress:
             progress("batch search", probes, probes + 1)
         at: list[int] = []
         fits, shared, f = fits_at(build, chip, dt, b, scales, shared_only=b >= shared_from, partials=partials,
                                   rates=rates, plans=plans, weights=weights,
-                                  from_budget=start_budget if b > start_batch else 0, budget=at, grow=grow)
+                                  from_budget=start_budget if b > start_batch else 0, budget=at, grow=grow,
+                                  level_from=bool(start_level) if b > start_batch else False, growths=growths)
         if shared:
             shared_from = min(shared_from, b)
         if f is not None:
             full[b] = f
         if fits and at and b > start_batch:
-            start_batch, start_budget = b, at[0]
+            start_batch, start_budget, start_level = b, at[0], at[1] if len(at) > 1 else 0
         return fits
 
     if not (one_fits if one_fits is not None else ok(1)):
@@ -239,6 +297,8 @@ def find_max_batch(build: Callable[[int], Graph], chip, dtype: str = "fp32", lim
         else:
             mode = "guess"
         last = fits
+    if growths is not None:
+        growths.collect()
     if found is not None and shared_from <= lo:
         found["shared_from"] = shared_from
     return lo

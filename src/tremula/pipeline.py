@@ -20,7 +20,7 @@ from tremula.ir.layers import find_layers, layer_roles, node_key
 from tremula.plan.finalize import StreamConflict, memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
 from tremula.plan.lower_ops import MATMULS, CodeOverflow, Lowerer, free_temp_fraction
-from tremula.plan.plan import Plan
+from tremula.plan.plan import Plan, Recipe, recipe_of
 from tremula.plan.price import host_bytes, node_cycles, state_cycles
 from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers
 from tremula.plan.strategies import BUFFER_FRACTION, TEMP_FRACTION
@@ -364,13 +364,18 @@ def relowered(graph: Graph, chip, dtype: str, state, scales: dict[str, int] | No
     fields that hold them and, in shared layers, which of those fields a call patches (vertex state and call cycles:
     the memory plan says whether it still fits). None for a plan that streams weights (how many layers stream was
     chosen by its bytes)."""
-    if getattr(state, "streaming", None) is not None:
-        return None
+    recipe = recipe_of(state)
+    return None if recipe is None else from_recipe(graph, chip, dtype, recipe, scales, partials, progress)
+
+
+def from_recipe(graph: Graph, chip, dtype: str, recipe: Recipe, scales: dict[str, int] | None = None,
+                partials: str = "float", progress: Progress | None = None) -> Plan:
+    """The plan of `graph` lowered from `recipe` (plan/plan.recipe_of), its memory plan made the same way: the plan
+    the recipe was taken from when `scales` and `partials` are those it was planned with."""
     g = _planned_graph(graph, dtype, chip, scales, partials)
-    new = _lowered(g, chip, progress, find_layers(g),
-                   (state.plan_fraction, state.perm_fraction, state.share_layers, state.k_rounds),
-                   state.level_weights, dict(state.op_scale) or None)
-    return Plan(g, new, *memory_plan(new, chip, both_orders=state.both_orders))
+    state = _lowered(g, chip, progress, find_layers(g), recipe.budget, recipe.level_weights,
+                     dict(recipe.op_scale) or None)
+    return Plan(g, state, *memory_plan(state, chip, both_orders=recipe.both_orders))
 
 
 def _planned_graph(graph: Graph, dtype: str, chip, scales: dict[str, int] | None, partials: str) -> Graph:
@@ -403,20 +408,23 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
                scales: dict[str, int] | None = None, shared_only: bool = False, partials: str = "float",
                weights: str = "auto", lowest_peak: bool = True, fullness: list[float] | None = None,
                from_budget: int = 0, budget: list[int] | None = None, grow: int = 0,
-               grow_ops: bool = True, grow_when: Callable[[Any, Any], bool] | None = None) -> Plan:
+               grow_ops: bool = True, grow_when: Callable[[Any, Any], bool] | None = None,
+               level_from: bool = False, grow_beside: Callable[[Callable[[], Plan]], None] | None = None) -> Plan:
     """The Plan of `graph` (plan/plan.py: the graph as planned, its lowering and memory plan; no Program yet).
     shared_only: skip the budgets without shared layers (the caller knows they do not fit). lowest_peak: when no
     plan fits, return the one with the lowest peak (lowered again if it was not the last tried) rather than the last
     one, whose memory plan still says it does not fit (a batch search needs no more); `fullness`, when given, gets
     how full each plan tried is (plan_fullness). from_budget: the first budget to try (an index into this model's
-    budgets, which `budget`, when given, gets for the plan returned: a batch search starts a larger batch at the
-    budget that fitted a smaller one). weights: "resident"
+    budgets, which `budget`, when given, gets for the plan returned, then 1 when its shared layers' storage is
+    levelled, else 0: a batch search starts a larger batch at the budget that fitted a smaller one, levelled when
+    that one was: `level_from`). weights: "resident"
     keeps every weight on the chip; "auto" streams the fewest layers' weights from host memory that make a
     shared-layer plan fit when it does not (before a tighter budget is tried); "streamed" streams every layer of
     each run of identical layers (plan/stream.py). grow: lowerings to spend growing the operand budget of a plan
     that fits at the FREE budget into the bytes it leaves free (_grown), then (with grow) the costliest ops' own
     budgets (_grown_ops; not without grow_ops); the fastest plan that fits is kept. grow_when: (lowering state,
-    memory plan) of the plan that fits -> whether to grow it."""
+    memory plan) of the plan that fits -> whether to grow it. grow_beside: the growth is handed to it (a function
+    that grows the plan and returns the plan grown) instead of made here, and the plan is returned as it is."""
     if weights not in WEIGHTS:
         raise TremulaError(f"unsupported --weights {weights!r}: use {', '.join(WEIGHTS)}")
     shared_only = shared_only or weights == "streamed"
@@ -454,7 +462,7 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         if first or b != budgets[-1][:3]:
             budgets += [(*b, "free"), (*b, "lean")] if first else [(*b, "lean")]
     last = -1  # the budget of the plan in hand
-    level = False  # shared layers' storage levelled (below)
+    level = level_from  # shared layers' storage levelled (below)
     retry_lean = False  # the plan in hand took free K rounds, does not fit, and lean ones might
     for i, (frac, perm, share, k_rounds) in enumerate(budgets):
         if i < from_budget or frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
@@ -530,13 +538,16 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
         last = best[1]
     if grow and plan.fits and budgets[last][0] == free and getattr(state, "streaming", None) is None:
         if grow_when is None or grow_when(plan.state, plan.memory):
-            state = live = None
-            plan = _growth(lower, chip, layers, plan, budgets[last], grow, grow_ops)
-            state = plan.state
+            if grow_beside is not None:
+                grow_beside(lambda start=plan, b=budgets[last]: _growth(lower, chip, layers, start, b, grow, grow_ops))
+            else:
+                state = live = None
+                plan = _growth(lower, chip, layers, plan, budgets[last], grow, grow_ops)
+                state = plan.state
         else:  # not grown (no step taken, not done): grown_on grows it from the start
             state.growth = Growth(free, float("inf"), (0, 0), 0.0)
     if budget is not None:
-        budget.append(last)
+        budget += [last, int(plan.state.level_weights)]
     if weights == "streamed" and getattr(state, "streaming", None) is None:
         raise TremulaError(f"--weights streamed: {graph.name} has no run of {MIN_RUN} or more identical layers whose "
                            "weights can be streamed; use --weights auto or resident")

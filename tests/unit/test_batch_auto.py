@@ -207,6 +207,33 @@ def test_a_larger_batch_starts_at_the_budget_that_fitted_a_smaller_one(monkeypat
     assert any(start > 0 for _, start in calls)
 
 
+def test_a_larger_batch_starts_levelled_when_the_plan_that_fitted_a_smaller_one_was(monkeypatch):
+    """find_max_batch: as with the budget, a probe above the largest batch that fitted so far starts with the shared
+    layers' storage levelled when that batch's plan was (plan_graph's level_from; `budget` gets the index and 1 when
+    levelled): BERT-base fp16 fitted only levelled from batch 128 on, and each larger probe lowered unlevelled first
+    in vain. A probe below it, or before any fitted, starts unlevelled."""
+    import tremula.batch_search as bs
+
+    calls: list[tuple[int, bool]] = []
+
+    def fits_at(build, chip, dt, b, *args, from_budget=0, budget=None, level_from=False, **kwargs):
+        calls.append((b, level_from))
+        if budget is not None:
+            budget += [from_budget, int(level_from or b >= 24)]  # plans levelled from batch 24 on
+        return b <= 40, False, b / 40
+
+    monkeypatch.setattr(bs, "fits_at", fits_at)
+    monkeypatch.setattr(bs, "bound_limit", lambda *a, **k: 4096)
+    assert bs.find_max_batch(lambda b: None, load_chip(TINY16), "fp16") == 40
+    fitted: dict[int, bool] = {}  # batch -> levelled
+    for b, level in calls:
+        below = [c for c in fitted if c < b]
+        assert level == (fitted[max(below)] if below and max(fitted) < b else False), (b, level, fitted)
+        if b <= 40:
+            fitted[b] = level or b >= 24
+    assert any(level for _, level in calls) and not all(level for _, level in calls)
+
+
 @pytest.mark.parametrize("batch", [16, 64])
 @pytest.mark.parametrize("lowest_peak", [True, False])
 def test_a_plan_that_fits_nowhere_is_lowered_again_only_when_the_least_full_was_not_the_last(monkeypatch, batch,

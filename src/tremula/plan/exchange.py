@@ -89,8 +89,11 @@ class SymTransfers:
         return sent, recv
 
 
-def make_transfers(s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride) -> SymTransfers:
-    """Pieces (one per destination) -> transfers, merging pieces with the same source pattern into one multicast."""
+def make_transfers(s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride,
+                   distinct: bool = False) -> SymTransfers:
+    """Pieces (one per destination) -> transfers, merging pieces with the same source pattern into one multicast.
+    distinct: the caller knows no two pieces start at the same source byte (each source element goes to one
+    destination: a re-layout), so none merge and each piece is a transfer, in the same order."""
     a = [np.asarray(x, I64) for x in (s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride)]
     s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_buf, d_rel, d_stride = np.broadcast_arrays(*a)
     keep = rows * row_bytes > 0
@@ -113,6 +116,11 @@ def make_transfers(s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_bu
     # sorted piece before it. A field equal everywhere (often the buffer, the row count, the stride) is not
     # compared, and the fields are read at the transfers' first pieces only (two thirds of the time of permuting a
     # stacked key whole, on bert-base b128's calls).
+    if distinct:  # the source position alone orders them: no two share one, so the other keys never break a tie
+        order = lex_order((s_rel, s_tile, s_buf))
+        return SymTransfers(s_tile[order], s_buf[order], s_rel[order], rows[order], row_bytes[order],
+                            s_stride[order], np.arange(n + 1, dtype=I64), d_tile[order], d_buf[order], d_rel[order],
+                            d_stride[order])
     order = lex_order((d_rel, d_tile, row_bytes, s_rel, s_tile, s_buf))
     new = np.ones(n, bool)
     differs = new[1:]
@@ -128,8 +136,10 @@ def make_transfers(s_tile, s_buf, s_rel, rows, row_bytes, s_stride, d_tile, d_bu
                         d_tile[order], d_buf[order], d_rel[order], d_stride[order])
 
 
-def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride) -> SymTransfers:
-    """Copy rectangles src[r0:r1, c0:c1] (of the source's 2-D view) to (d_tile, d_buf, d_rel), row stride d_stride."""
+def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride, disjoint: bool = False) -> SymTransfers:
+    """Copy rectangles src[r0:r1, c0:c1] (of the source's 2-D view) to (d_tile, d_buf, d_rel), row stride d_stride.
+    disjoint: the caller knows no two rectangles overlap (a re-layout into blocks that partition the matrix), so no
+    piece is a multicast (make_transfers' `distinct`)."""
     r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride = np.broadcast_arrays(
         *[np.asarray(x, I64) for x in (r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride)])
     ok = (r1 > r0) & (c1 > c0)
@@ -143,7 +153,7 @@ def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride) ->
     npieces = nr * nc
     key = None
     if npieces.sum() >= MEMO_PIECES:
-        h = hashlib.blake2b(repr((src.buf, isz, src.rows, src.cols)).encode(), digest_size=16)
+        h = hashlib.blake2b(repr((src.buf, isz, src.rows, src.cols, disjoint)).encode(), digest_size=16)
         for a in (rc, cc, src.tiles, src.rel, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride):
             h.update(repr(a.shape).encode())
             h.update(np.ascontiguousarray(a, I64).tobytes())
@@ -163,7 +173,7 @@ def gather_rects(src: Layout, r0, r1, c0, c1, d_tile, d_buf, d_rel, d_stride) ->
     s_rel = src.rel[bi, bj] + ((pr0 - rc[bi]) * width + (pc0 - cc[bj])) * isz
     dr = d_rel[rect] + (pr0 - r0[rect]) * d_stride[rect] + (pc0 - c0[rect]) * isz
     made = make_transfers(src.tiles[bi, bj], src.buf, s_rel, pr1 - pr0, (pc1 - pc0) * isz, width * isz,
-                          d_tile[rect], d_buf[rect], dr, d_stride[rect])
+                          d_tile[rect], d_buf[rect], dr, d_stride[rect], distinct=disjoint)
     if key is not None:
         _made[key] = made
         while len(_made) > MEMO_SIZE:

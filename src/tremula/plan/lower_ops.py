@@ -347,7 +347,8 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
                 return (src.buf, src.rel.reshape(-1), r1 - r0, c1 - c0)
             tmp = self.alloc_layout(f"{value}@{tag}", lay.rows, lay.cols, t.dtype, lay.row_cuts, lay.col_cuts,
                                     lay.tiles, "buffers")
-            self.exchange(gather_rects(src, r0, r1, c0, c1, tl, tmp.buf, tmp.rel.reshape(-1), (c1 - c0) * tmp.itemsize))
+            self.exchange(gather_rects(src, r0, r1, c0, c1, tl, tmp.buf, tmp.rel.reshape(-1), (c1 - c0) * tmp.itemsize,
+                                       disjoint=True))  # (lay's blocks partition the matrix)
             return (tmp.buf, tmp.rel.reshape(-1), r1 - r0, c1 - c0)
         rows, cols = lay.rows, lay.cols
         # The source element of output element (r, c): row_of[r] * cols + c when the operand's last axis is not

@@ -72,3 +72,42 @@ def test_instructions_must_fit_the_code_region():
     small = dataclasses.replace(chip, non_interleaved_bytes_per_tile=instructions // 2)
     with pytest.raises(DoesNotFit, match="code region"):
         compile_model("bert-tiny", small, batch=2, dtype="fp16")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_table_priced_per_transfer_sums_per_tile_as_priced_per_piece_of_a_row(c600, seed):
+    """The shortcuts (a send that is one run priced without its rows; receives that are all strided priced without
+    sorting them by address) give each tile the code bytes of the model applied entry by entry: a sender sends each
+    row of a strided source on its own, else the whole range; a receiver takes its receives in address order, one
+    receive each, a pointer reset per further row of a strided destination and one per receive that does not start
+    where its previous one ended."""
+    from tremula.target.overheads import _run_bytes
+
+    enc, rng = c600.exchange_code, np.random.default_rng(seed)
+    n, tiles = 200, 7
+    rows = rng.integers(1, 4, n)
+    rb = 4 * rng.integers(1, 5, n)
+    src_stride = np.where(rng.random(n) < 0.5, rb, rb + 8)
+    all_strided = seed % 2 == 0  # every destination strided (the sort-free path), or a mix
+    d_stride = np.where(all_strided | (rng.random(n) < 0.5), rb + 4, rb)
+    rows = np.where(all_strided, np.maximum(rows, 2), rows)
+    d_tile = rng.integers(0, tiles, n)
+    d_addr = rng.permutation(n) * 64  # distinct, some back to back with the entry before (below)
+    d_addr[1::3] = d_addr[0::3][: len(d_addr[1::3])] + rows[0::3][: len(d_addr[1::3])] * rb[0::3][: len(d_addr[1::3])]
+    t = table(rng.integers(0, tiles, n), rng.integers(0, 1000, n), rows, rb, src_stride,
+              [[(int(d_tile[i]), int(d_addr[i]), int(d_stride[i]))] for i in range(n)])
+    send, recv = transfer_code_bytes(t, c600)
+    want_send = np.zeros(tiles, I64)
+    for i in range(n):
+        strided = rows[i] > 1 and src_stride[i] != rb[i]
+        want_send[t.src_tile[i]] += rows[i] * _run_bytes(enc, rb[i]) if strided else _run_bytes(enc, rows[i] * rb[i])
+    want_recv = np.zeros(tiles, I64)
+    for tile in range(tiles):
+        end = None
+        for i in sorted(np.flatnonzero(d_tile == tile), key=lambda i: d_addr[i]):
+            strided = rows[i] > 1 and d_stride[i] != rb[i]
+            want_recv[tile] += enc.receive_bytes + enc.pointer_reset_bytes * ((rows[i] - 1 if strided else 0)
+                                                                              + (end is not None and end != d_addr[i]))
+            end = -1 if strided else d_addr[i] + rows[i] * rb[i]
+    np.testing.assert_array_equal(np.bincount(t.src_tile, weights=send, minlength=tiles).astype(I64), want_send)
+    np.testing.assert_array_equal(np.bincount(t.d_tile, weights=recv, minlength=tiles).astype(I64), want_recv)

@@ -47,7 +47,11 @@ class SymTransfers:
         return len(self.src_tile)
 
     def memo(self, key, make):
-        """make(), kept on this table under `key`: what is derived from a table made once is derived once."""
+        """make(), kept on this table under `key` when the table is one gather_rects keeps (MEMO_PIECES pieces or
+        more): what is derived from a table made once is derived once. A smaller table is new in every lowering, and
+        what is derived from it (a tile-long array of exchange code each) would only take memory on thousands."""
+        if len(self) < MEMO_PIECES:
+            return make()
         kept = self.__dict__.setdefault("_memo", {})
         if key not in kept:
             kept[key] = make()

@@ -243,7 +243,7 @@ def _step_exchange_code(k: int, tables, tiles: int, chip, sharing, is_weight) ->
 
 
 def _kept(t, key: tuple, make: Callable[[], np.ndarray]) -> np.ndarray:
-    """make() as int64, kept on a plan's transfer table when it keeps what is derived from it (SymTransfers.memo: a
+    """make() as int64, kept on a plan's transfer table where it keeps what is derived from it (SymTransfers.memo: a
     re-layout made once serves several lowerings); a Program's table computes it each time."""
     memo = getattr(t, "memo", None)
     return memo(key, lambda: make().astype(np.int64)) if memo is not None else make().astype(np.int64)

@@ -126,7 +126,8 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
     plan that fits is grown one step, its operand budget into the bytes it left free (pipeline.plan_graph's `grow`,
     without the ops' own budgets; growable), and its rate is the grown plan's; how full it is stays the plan's
     before. growths: the growth is made beside the search (GrowthsBeside), which puts the grown plan's rate into
-    `rates` when it is collected; a plan that fits is kept there as its recipe, not in `plans`."""
+    `rates` when it is collected; a plan that fits is kept there as its recipe, and in `plans` only when it has none
+    (its weights stream)."""
     graph = build(batch)
     (on_chip, on_host), (cap, host) = _needs(graph, dtype, weights), _caps(chip)
     if on_chip.total > cap or (host is not None and on_host.total > host):
@@ -137,12 +138,17 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
                       grow=1 if grow else 0, grow_ops=False, grow_when=growable(chip), level_from=level_from,
                       grow_beside=growths.start(batch) if growths is not None else None)
     if plan.fits and rates is not None:
-        if growths is None or not growths.keep(batch, plan):  # (a growth beside brings its own rate)
+        handed = growths is not None and growths.keep(batch, plan)  # (a growth beside brings its own rate)
+        if not handed:
             rates[batch] = plan_rate(plan, chip, dtype, batch)
-        if growths is None and plans is not None:  # the AUTO_GROWN fastest so far (the larger batch on a tie)
+        # kept whole: the AUTO_GROWN fastest so far (the larger batch on a tie); with growths beside, only a plan
+        # without a recipe (its weights stream): the others are made again from theirs, and every fork beside a
+        # process holding more costs it more (BERT-base fp16 --batch auto: 30.1-31.9 s, 33.7-37.7 keeping them)
+        if plans is not None and (growths is None or recipe_of(plan.state) is None):
             plans[batch] = plan
-            if len(plans) > AUTO_GROWN:
-                del plans[min(plans, key=lambda b: (rates[b], b))]
+            if len(plans) > AUTO_GROWN:  # (a batch whose growth is still beside ranks by its plan before it)
+                now = {b: rates[b] if b in rates else plan_rate(plans[b], chip, dtype, b) for b in plans}
+                del plans[min(plans, key=lambda b: (now[b], b))]
     full = tried[-1] if plan.fits else min(tried)  # (the plan that fitted, before any growth)
     return plan.fits, shared_only or not plan.fits or getattr(plan.state, "share_layers", False), full
 

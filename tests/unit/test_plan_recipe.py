@@ -80,13 +80,16 @@ def test_growths_beside_the_search_rank_the_batches_as_growths_in_turn(model, ch
 
 def test_auto_with_its_candidates_grown_side_by_side_compiles_what_one_after_the_other_does(chip48k, monkeypatch,
                                                                                           tmp_path):
-    """compile_model --batch auto on two cores (growths beside the search, the second candidate grown in a process of
-    its own and made again from its recipe) and on one: the same batch, rates and Program, byte for byte."""
+    """compile_model --batch auto on two cores (growths beside the search, the plans kept as recipes and made again
+    from them, the second candidate grown in a process of its own) and on one (plans kept whole, nothing beside): the
+    same batch, rates and Program, byte for byte."""
     import tremula.compiler as compiler
 
     made: list[int] = []
-    real = compiler.from_recipe
-    monkeypatch.setattr(compiler, "from_recipe", lambda *a, **k: made.append(1) or real(*a, **k))
+    real_made, real_beside = compiler.from_recipe, compiler.beside
+    monkeypatch.setattr(compiler, "from_recipe", lambda *a, **k: made.append(1) or real_made(*a, **k))
+    side: list[int] = []
+    monkeypatch.setattr(compiler, "beside", lambda *a, **k: side.append(1) or real_beside(*a, **k))
     seen = {}
     for cores in (1, 2):
         monkeypatch.setattr(compiler, "usable_cores", lambda cores=cores: cores)
@@ -95,6 +98,7 @@ def test_auto_with_its_candidates_grown_side_by_side_compiles_what_one_after_the
         res.program.meta = {}
         save_program(res.program, tmp_path / str(cores))
         if cores == 1:
-            assert not made  # one core: the search keeps its plans whole
-    assert made and seen[1] == seen[2] and len(seen[2][1]["grown"]) == 2
+            assert not made and not side  # one core: nothing beside, no recipe
+    assert side and made  # the second candidate was grown beside; the first made from its recipe
+    assert seen[1] == seen[2] and len(seen[2][1]["grown"]) == 2
     assert (tmp_path / "1").read_bytes() == (tmp_path / "2").read_bytes()

@@ -160,10 +160,10 @@ class GrowthsBeside:
     made in turn, and ranks the batches the same. Each grown plan comes back as its samples/s (into found["rates"])
     and its Recipe with where its growth stopped (found["made"]: batch -> (Recipe or None, Growth or None)), from which
     the compile makes it again (compiler._fastest_grown); so does every other plan that fits (keep). BERT-base fp16
-    --batch auto on two cores: its search done at 26-28 s, at 35 s with the growths made in turn; 32-36 s in all
-    against 43 s on one core (the cores it may use: beside.usable_cores). A forked process costs the parent copies
-    of the pages it writes afterwards (6 s of system time against 3 on one core), so growths are made beside only
-    where a second core runs them."""
+    --batch auto on two cores: its search done at 26-28 s, at 35 s with the growths made in turn; 30-33 s in all
+    against 43 s on one core, in one hour of this VM (35-42 against 62 in a slower one; the cores it may use:
+    beside.usable_cores). A forked process costs the parent copies of the pages it writes afterwards (6 s of system
+    time against 3 on one core), so growths are made beside only where a second core runs them."""
 
     def __init__(self, chip, dt: str, found: dict):
         self.chip, self.dt = chip, dt

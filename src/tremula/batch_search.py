@@ -141,14 +141,10 @@ def fits_at(build: Callable[[int], Graph], chip, dtype: str, batch: int,
         handed = growths is not None and growths.keep(batch, plan)  # (a growth beside brings its own rate)
         if not handed:
             rates[batch] = plan_rate(plan, chip, dtype, batch)
-        # kept whole: the AUTO_GROWN fastest so far (the larger batch on a tie); with growths beside, only a plan
-        # without a recipe (its weights stream): the others are made again from theirs, and every fork beside a
-        # process holding more costs it more (BERT-base fp16 --batch auto: 30.1-31.9 s, 33.7-37.7 keeping them)
-        if plans is not None and (growths is None or recipe_of(plan.state) is None):
+        if plans is not None and kept_whole(plan, growths):  # the AUTO_GROWN fastest so far (the larger on a tie)
             plans[batch] = plan
-            if len(plans) > AUTO_GROWN:  # (a batch whose growth is still beside ranks by its plan before it)
-                now = {b: rates[b] if b in rates else plan_rate(plans[b], chip, dtype, b) for b in plans}
-                del plans[min(plans, key=lambda b: (now[b], b))]
+            if len(plans) > AUTO_GROWN:
+                del plans[min(plans, key=lambda b: (rates[b], b))]
     full = tried[-1] if plan.fits else min(tried)  # (the plan that fitted, before any growth)
     return plan.fits, shared_only or not plan.fits or getattr(plan.state, "share_layers", False), full
 
@@ -198,6 +194,14 @@ class GrowthsBeside:
             self._pending = None
             rate, recipe, growth = result()
             self.rates[batch], self.made[batch] = rate, (recipe, growth)
+
+
+def kept_whole(plan: Plan, growths: GrowthsBeside | None) -> bool:
+    """Whether a search keeps a plan that fits whole (fits_at's `plans`) rather than as its recipe alone: always with
+    its growths made in turn; with growths beside, only a plan without a recipe (its weights stream, so it is never
+    grown beside either, and its rate is its own). The others are made again from their recipes, and every fork beside
+    a process holding more costs it more (BERT-base fp16 --batch auto: 30.1-31.9 s, 33.7-37.7 keeping them)."""
+    return growths is None or recipe_of(plan.state) is None
 
 
 def growable(chip) -> Callable[..., bool]:

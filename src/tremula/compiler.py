@@ -23,6 +23,7 @@ from tremula.batch_search import (
     find_max_batch,
     fits_at,
     growable,
+    kept_whole,
     refuse_oversize,
     zero_scales,
 )
@@ -44,7 +45,7 @@ from tremula.pipeline import (
     relowered,
     resolve_dtype,
 )
-from tremula.plan.plan import Plan, recipe_of
+from tremula.plan.plan import Plan, Recipe, recipe_of
 from tremula.program import Program, streamed_weight_bytes
 
 ModelSpec = Union[Graph, str, Callable[[int], Graph]]  # noqa: UP007 (a runtime alias)
@@ -328,12 +329,9 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     def grown(b: int, progress: Progress | None) -> tuple[Graph, Plan]:
         graph, plan = _exact(build, b), kept.pop(b, None)
         recipe, growth = made.get(b, (None, None))
-        if plan is not None and recipe is not None and recipe != recipe_of(plan.state):
-            plan = None  # its growth beside changed it: the plan grown is made again from its recipe
-        if plan is None and recipe is not None:
+        if plan is None and recipe is not None:  # (a plan kept whole has no recipe: batch_search.kept_whole)
             plan = from_recipe(graph, chip, dt, recipe, plan_scales(graph), partials, progress)
-        if plan is not None and recipe is not None:
-            plan.state.growth = growth  # (where the growth beside stopped)
+            plan.state.growth = growth  # where its growth (beside the search, or none) stopped
         if plan is not None:
             return graph, grown_on(plan, chip, progress)
         return graph, plan_graph(graph, chip, dt, progress, plan_scales(graph), _shared_only(found, largest, b),
@@ -342,34 +340,38 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     def ranked(b: int, plan: Plan) -> float | None:  # its rate, when it fits
         return plan_rate(plan, chip, dt, b) if plan.fits else None
 
+    def grown_beside(b: int) -> tuple[float | None, Recipe | None]:  # (in the forked process)
+        plan = grown(b, None)[1]
+        return ranked(b, plan), recipe_of(plan.state)
+
+    best = None
+
+    def faster(b: int, rate: float | None) -> bool:  # records a candidate grown fully; whether it is the fastest yet
+        if rate is None:
+            return False
+        rates[b] = rate
+        found.setdefault("grown", []).append(b)
+        return best is None or (rate, b) > (rates[best[0]], best[0])
+
     order = sorted(rates, key=lambda b: (rates[b], b), reverse=True)[:AUTO_GROWN]
-    second = None  # (batch, the result of its growth beside: fits, rate, recipe)
+    second = None  # (batch, the result of its growth beside)
     if parallel and len(order) > 1:
         b2 = order.pop()
-        second = (b2, beside(lambda: (lambda p: (ranked(b2, p), recipe_of(p.state)))(grown(b2, None)[1]),
-                             name="tremula-grow", process=True))
-    best = None
+        second = (b2, beside(grown_beside, b2, name="tremula-grow", process=True))
     for b in order:
         graph, plan = grown(b, progress)
-        rate = ranked(b, plan)
-        if rate is not None:
-            rates[b] = rate
-            found.setdefault("grown", []).append(b)
-            if best is None or (rate, b) > (rates[best[0]], best[0]):
-                best = (b, graph, plan)
+        if faster(b, ranked(b, plan)):
+            best = (b, graph, plan)
         plan = None
     if second is not None:
         b, result = second
         rate, recipe = result()
-        if rate is not None:
-            rates[b] = rate
-            found.setdefault("grown", []).append(b)
-            if best is None or (rate, b) > (rates[best[0]], best[0]):
-                best = None
-                graph = _exact(build, b)
-                plan = None if recipe is None else from_recipe(graph, chip, dt, recipe, plan_scales(graph), partials,
-                                                                progress)
-                best = (b, graph, plan if plan is not None else grown(b, progress)[1])
+        if faster(b, rate):
+            best = None  # (one plan alive at a time)
+            graph = _exact(build, b)
+            plan = None if recipe is None else from_recipe(graph, chip, dt, recipe, plan_scales(graph), partials,
+                                                            progress)
+            best = (b, graph, plan if plan is not None else grown(b, progress)[1])
     return best
 
 
@@ -467,9 +469,9 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # of planning them again, when a probe's graph is the one compiled: a model file's probes are rebatched
         # graphs, whose value names may differ from the file's own at that batch (_Rebatching), so those are planned
         # again (their recipes, made beside, are dropped below). With growths beside, only plans without a recipe
-        # are kept so (fits_at). (FP8: kept planned with all-zero scales, lowered again with the calibrated ones at
-        # the end.)
-        if not hasattr(build, "exact") and (growths is None or recipe_of(p1.state) is None):
+        # are kept so (kept_whole). (FP8: kept planned with all-zero scales, lowered again with the calibrated ones
+        # at the end.)
+        if not hasattr(build, "exact") and kept_whole(p1, growths):
             found["plans"] = {1: p1}
         # When batch 1 fits with every weight on the chip, the search keeps them there: streaming is how a model too
         # big for the chip runs at all, and larger batches that fit only by streaming were slower where measured

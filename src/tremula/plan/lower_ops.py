@@ -355,10 +355,12 @@ class Lowerer(SharedLayers, AttentionLowering, LoweringState):
         # broadcast (row_of: the source row each output row reads), else from the whole index map idx [rows, cols]
         # (a bias-like column), which at bert-base b128 would be 12.6 M entries for its position embeddings.
         row_of = _broadcast_rows(t.shape, out_shape)
-        idx = None if row_of is not None else \
-            np.broadcast_to(np.arange(t.size, dtype=I64).reshape(t.shape), out_shape).reshape(rows, cols)
-        row_const = bool((row_of == row_of[0]).all()) if row_of is not None else bool((idx == idx[:1]).all())
-        col_const = cols == 1 if row_of is not None else bool((idx == idx[:, :1]).all())
+        if row_of is not None:
+            idx = None
+            row_const, col_const = bool((row_of == row_of[:1]).all()), cols == 1
+        else:
+            idx = np.broadcast_to(np.arange(t.size, dtype=I64).reshape(t.shape), out_shape).reshape(rows, cols)
+            row_const, col_const = bool((idx == idx[:1]).all()), bool((idx == idx[:, :1]).all())
         nr = np.ones_like(r0) if row_const else r1 - r0
         nc = np.ones_like(c0) if col_const else c1 - c0
         if resident and value in self.graph.constants and row_const and view2d(t.shape)[0] == 1:

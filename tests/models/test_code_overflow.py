@@ -49,8 +49,8 @@ def test_stops_early_and_counts_no_more_than_the_memory_plan_reserves():
 
 
 def test_plan_graph_goes_on_to_shared_layers(monkeypatch):
-    """plan_graph gives the limit to unshared lowerings only (not with --weights resident, which has no shared plan
-    to fall back on), and a lowering that stops makes it plan shared layers. The tiny model's instructions are mostly
+    """plan_graph gives the limit to unshared lowerings only (with --weights resident too: its shared plans keep every
+    weight on the chip), and a lowering that stops makes it plan shared layers. The tiny model's instructions are mostly
     codelet code, which no chip's code region can hold while its exchange code overflows, so the limit each lowering
     is given is cut to 1,000 B here (its unshared plan reserves over 2 KB of exchange code on a tile)."""
     chip = load_chip("c600")
@@ -74,8 +74,9 @@ def test_plan_graph_goes_on_to_shared_layers(monkeypatch):
     alone = pipeline.plan_graph(graph, chip, "float16", partials="half", shared_only=True)
     assert len(state.steps) == len(alone.state.steps) and np.array_equal(mp.tile_used, alone.memory.tile_used)
     given.clear()
-    pipeline.plan_graph(graph, chip, "float16", partials="half", weights="resident")
-    assert given and all(limit is None for _, limit in given)
+    resident = pipeline.plan_graph(graph, chip, "float16", partials="half", weights="resident")
+    assert given == [(False, chip.non_interleaved_bytes_per_tile), (True, None)]
+    assert resident.state.share_layers and resident.memory.fits and getattr(resident.state, "streaming", None) is None
 
 
 def test_a_plan_that_fits_is_kept_over_a_lower_peak_that_does_not(monkeypatch):

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tremula.beside import beside
+from tremula.beside import beside, usable_cores
 from tremula.compiler import CompileResult, ModelSpec, builder, compile_model
 from tremula.errors import TremulaError
 from tremula.feeds import make_feeds
@@ -191,7 +190,7 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
     # process inherits them, and two threads never make the same lazy constant at once.
     for c in res.graph.constants.values():
         c.value()
-    two = (os.cpu_count() or 1) > 1
+    two = usable_cores() > 1  # (the cores this process may run on: a container or taskset can allow one of many)
     # One BLAS thread each while the two run: OpenBLAS's own two threads per call on top of two callers slowed both
     # about 2x on two cores (SigLIP so400m fp8: 182 s for the check, 141 s with one BLAS thread each)
     with threadpool_limits(1) if two else contextlib.nullcontext():

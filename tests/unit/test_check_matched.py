@@ -69,12 +69,11 @@ def test_a_long_simulation_speculates_only_while_it_runs(monkeypatch, matched_fi
     verdict needs it (bert-tiny fp16 matches the matched reference bit for bit: none). The verdict is the same. (The
     references run in a forked process: the events and the record of reorderings are the process-shared kind.)"""
     import multiprocessing
-    import os
 
     import tremula.check as check
     import tremula.sim.functional as functional
 
-    if (os.cpu_count() or 1) < 2:
+    if check.usable_cores() < 2:
         pytest.skip("the references run beside the simulation only on two or more cores")
     # (bit for bit on every CPU with each AMP group summed exactly: numerics/amp.py)
     monkeypatch.setattr(amp, "EXACT_GROUP_SUMS", True)
@@ -111,3 +110,18 @@ def test_a_long_simulation_speculates_only_while_it_runs(monkeypatch, matched_fi
     while not record.empty():
         reorders.append(record.get())
     assert reorders == ([check.FIRST_REORDERING] if matched_first else [])
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_the_references_run_beside_the_simulation_only_where_a_second_core_is_usable(monkeypatch, cores):
+    """check_model counts the cores it may run on (beside.usable_cores: its affinity), not the machine's: on one it
+    makes the references after the simulation, in its own process and with BLAS's own threads."""
+    import tremula.check as check
+
+    started = []
+    real = check.beside
+    monkeypatch.setattr(check, "usable_cores", lambda: cores)
+    monkeypatch.setattr(check, "beside", lambda *a, **k: started.append(k.get("name")) or real(*a, **k))
+    res = check.check_model("bert-tiny", "c600", 1, "fp16")
+    assert res.passed
+    assert started == (["tremula-references"] if cores > 1 else [])

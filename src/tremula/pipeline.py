@@ -198,7 +198,7 @@ def _grown(lower: Callable[..., Any], chip, plan: Plan, budget: tuple, steps: in
     growth. Two plans are alive at once. Returns the plan kept and the budget at which the plan stayed the same (0.0
     when it did not), when that plan is the one kept: every op had that budget there and none changed. The plan kept
     gets where the growth stopped (Growth, as `.growth`); `resume`, such a record of `plan`, carries it on."""
-    frac, perm, share, k_rounds = budget
+    frac, perm, share, thrift = budget
     best = (sum(state_cycles(plan.state, chip)), plan)
 
     def step(mp) -> float:  # the next budget to try after a plan that fits
@@ -215,7 +215,7 @@ def _grown(lower: Callable[..., Any], chip, plan: Plan, budget: tuple, steps: in
             at.done = True
             break
         at.steps += 1
-        state = lower((at.hi, perm, share, k_rounds), plan.state.level_weights)
+        state = lower((at.hi, perm, share, thrift), plan.state.level_weights)
         mp, live, reserved = memory_plan(state, chip, both_orders=True)  # packed tighter where it can be
         if mp.fits:
             cycles = sum(state_cycles(state, chip))
@@ -261,7 +261,7 @@ def grown_on(plan: Plan, chip, progress: Progress | None = None) -> Plan:
     def lower(budget: tuple, level: bool, op_scale: dict[str, float] | None = None):
         return _lowered(g, chip, progress, layers, budget, level, op_scale)
 
-    budget = (growth.lo, state.perm_fraction, state.share_layers, state.k_rounds)
+    budget = (growth.lo, state.perm_fraction, state.share_layers, state.thrift)
     fresh = growth.steps == 0 and not growth.done
     return _growth(lower, chip, layers, plan, budget, GROW_STEPS - growth.steps, True, None if fresh else growth)
 
@@ -385,11 +385,11 @@ def _planned_graph(graph: Graph, dtype: str, chip, scales: dict[str, int] | None
 
 def _lowered(g: Graph, chip, progress: Progress | None, layers: dict, budget: tuple, level: bool,
              op_scale: dict[str, float] | None = None, code_limit: int | None = None):
-    """One lowering of the planned graph `g`: budget = (operand fraction, permanent fraction, share, K rounds).
+    """One lowering of the planned graph `g`: budget = (operand fraction, permanent fraction, share, thrift).
     code_limit: stop with CodeOverflow once exchange code overflows that many bytes on a tile (Lowerer)."""
-    frac, perm, share, k_rounds = budget
+    frac, perm, share, thrift = budget
     return Lowerer(g, chip, progress, temp_fraction=frac, perm_fraction=perm, share_layers=share, layers=layers,
-                   k_rounds=k_rounds, level_weights=level, op_scale=op_scale, code_limit=code_limit).lower()
+                   thrift=thrift, level_weights=level, op_scale=op_scale, code_limit=code_limit).lower()
 
 
 WEIGHTS = ("auto", "resident", "streamed")
@@ -454,9 +454,11 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
     # FREE: the operand budget of what the tiles have left (lower_ops.free_temp_fraction); a budget equal to the one
     # before it is not tried twice
     free = free_temp_fraction(g, chip) if any(b[0] is FREE for b in PLAN_BUDGETS) else 0.0
-    # K rounds (plan/strategies.py): the first budget of each share mode takes them as the cost model likes them;
-    # when that plan does not fit, the same budget again and every later one take only the K rounds that need no
-    # more bytes than the plan without them (the retry made only when they could save the overflow).
+    # Thrift (lower_ops.Lowerer): the first budget of each share mode takes the choices that buy cycles with bytes
+    # (K rounds, a fused projection's parts on one gathered operand) as the cost model likes them; when that plan
+    # does not fit, the same budget again and every later one take them lean: only the K rounds that need no more
+    # bytes than the plan without them, and one gathered operand only when the parts' weight blocks fit the weight-block
+    # budget together (the retry made only when they could save the overflow).
     budgets: list[tuple[float, float | None, bool, str]] = []
     for frac, perm, share in PLAN_BUDGETS:
         b = (free if frac is FREE else frac, perm, share)
@@ -465,12 +467,12 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
             budgets += [(*b, "free"), (*b, "lean")] if first else [(*b, "lean")]
     last = -1  # the budget of the plan in hand
     level = level_from  # shared layers' storage levelled (below)
-    retry_lean = False  # the plan in hand took free K rounds, does not fit, and lean ones might
-    for i, (frac, perm, share, k_rounds) in enumerate(budgets):
+    retry_lean = False  # the plan in hand took free choices, does not fit, and lean ones might
+    for i, (frac, perm, share, thrift) in enumerate(budgets):
         if i < from_budget or frac < futile.get(share, 0.0) or (share and not layered) or (layered and not share and
                                                                          (shared_only or tried_shared)):
             continue
-        if k_rounds == "lean" and last == i - 1 and budgets[last][:3] == (frac, perm, share) and not retry_lean:
+        if thrift == "lean" and last == i - 1 and budgets[last][:3] == (frac, perm, share) and not retry_lean:
             continue
         tried_shared = tried_shared or share
         plan = state = live = None  # drop the previous lowering before making the next
@@ -494,9 +496,9 @@ def plan_graph(graph: Graph, chip, dtype: str, progress: Progress | None = None,
                 state, mp, live, reserved = even
             even = None
         # Retried lean (before any weights are streamed) unless the lean plan would be this one, or cannot fit either:
-        # lean K rounds change only one matmul's buffers at a time, no help when the overflow is more than the most
-        # they save (SigLIP so400m fp8 at batch 16: 70 KB over, 16 KB saved at most).
-        retry_lean = k_rounds == "free" and not mp.fits and \
+        # lean choices change only one op's buffers at a time, no help when the overflow is more than the most they
+        # save (SigLIP so400m fp8 at batch 16: 70 KB over, 16 KB saved at most).
+        retry_lean = thrift == "free" and not mp.fits and \
             0 < mp.peak_bytes - chip.sram_bytes_per_tile <= getattr(state, "lean_saves", 0)
         if share and weights != "resident" and (weights == "streamed" or not (mp.fits or retry_lean)):
             mp, live, reserved = _streamed_plan(state, chip, mp, weights == "streamed") or (mp, live, reserved)

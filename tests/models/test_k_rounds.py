@@ -101,7 +101,7 @@ def test_a_plan_with_k_rounds_that_does_not_fit_is_retried_lean(monkeypatch):
         return dataclasses.replace(st, kchunk=16, bytes_per_tile=st.bytes_per_tile + 1000)  # 1000 B fuller
 
     def lowerer(*a, **kw):
-        made.append((kw.get("temp_fraction"), kw.get("perm_fraction"), kw.get("k_rounds")))
+        made.append((kw.get("temp_fraction"), kw.get("perm_fraction"), kw.get("thrift")))
         return real_lowerer(*a, **kw)
 
     def plan(state, *a, **kw):

@@ -1,6 +1,8 @@
 """Projections of one input fused into one Linear and a Split (passes/fuse_qkv.py), the near misses that must stay
 apart, and the planner's in-place Split of the fused output (plan/lower_ops.py)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -113,8 +115,50 @@ def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype, seri
         labels = [s.label for s in res.compile.program.steps if "layer.0.attention.self" in s.label]
         rounds = [lb[-4:-1] for lb in labels]
         assert rounds == ["1/2"] * 6 + ["2/2"] * 6, labels  # partials and reduce of Q, K and V, then again
-    monkeypatch.setattr(lower_ops, "weight_block_budget", lambda chip, f: 0.0)  # (the parts' weights never fit together)
+    monkeypatch.setattr(lower_ops, "share_gather", lambda bounded, thrift: False)  # (each part gathers its own)
     own = check_model("bert-tiny", "c600", 2, dtype)
     assert own.passed and not any("on one gathered operand" in v for v in own.compile.strategies.values())
     assert own.compile.steps == res.compile.steps  # the same steps, two gathers a layer fewer in their exchanges
     assert res.compile.exchange_cycles < own.compile.exchange_cycles
+
+
+def test_parts_on_one_gathered_operand_beyond_the_weight_block_budget_are_retried_apart(monkeypatch):
+    """A plan taking its choices free shares one gathered operand among a fused projection's parts even when their
+    weight blocks together exceed the weight-block budget (made so here: a budget of 0 B), the memory plan judging
+    the bytes. When that plan does not fit by less than gathering apart would save, the same budget is planned again
+    lean (pipeline.plan_graph), where each part gathers its own operand, before a tighter budget or streamed
+    weights."""
+    import tremula.pipeline as pipeline
+    import tremula.plan.lower_ops as lower_ops
+    from tremula.compiler import compile_model
+
+    real, real_lowerer, real_plan = lower_ops.choose_linear, pipeline.Lowerer, pipeline.memory_plan
+    monkeypatch.setattr(lower_ops, "choose_linear", lambda chip, m, k, n, *a, **kw: (
+        lambda st: dataclasses.replace(st, cycles=10**9) if n == 96 else st)(real(chip, m, k, n, *a, **kw)))
+    monkeypatch.setattr(lower_ops, "weight_block_budget", lambda chip, f: 0.0)
+    free = compile_model("bert-tiny", "c600", 2, "fp16")
+    assert sum("on one gathered operand" in v for v in free.strategies.values()) == 2  # free: shared all the same
+
+    made, saves = [], []
+
+    def lowerer(*a, **kw):
+        made.append((kw.get("temp_fraction"), kw.get("perm_fraction"), kw.get("thrift")))
+        return real_lowerer(*a, **kw)
+
+    def plan(state, *a, **kw):
+        mp, live, reserved = real_plan(state, *a, **kw)
+        if any("on one gathered operand" in s for s in state.strategies.values()):  # over by less than it saves
+            saves.append(state.lean_saves)
+            used = mp.tile_used.copy()
+            used[0] = load_chip("c600").sram_bytes_per_tile + state.lean_saves // 2
+            mp = dataclasses.replace(mp, fits=False, tile_used=used)
+        return mp, live, reserved
+
+    monkeypatch.setattr(pipeline, "Lowerer", lowerer)
+    monkeypatch.setattr(pipeline, "memory_plan", plan)
+    res = compile_model("bert-tiny", "c600", 2, "fp16")
+    assert saves and saves[0] > 0  # the other parts' weight blocks
+    assert [m[2] for m in made[:2]] == ["free", "lean"] and made[0][:2] == made[1][:2], made  # the same budget
+    assert res.fits and not res.streamed_layers
+    apart = [v for v in res.strategies.values() if "projections apart" in v]
+    assert len(apart) == 2 and not any("on one gathered operand" in v for v in apart)

@@ -34,7 +34,7 @@ class Recipe:
     same and so is the plan. A few values where a plan is gigabytes: a plan made in another process comes back as
     this (batch_search's growths beside the search)."""
 
-    budget: tuple[float, float | None, bool, str]  # operand fraction, permanent fraction, shared layers, K rounds
+    budget: tuple[float, float | None, bool, str]  # operand fraction, permanent fraction, shared layers, thrift
     level_weights: bool  # shared layers' storage levelled (plan/layers.spread_caps)
     op_scale: tuple[tuple[str, float], ...]  # roles' own operand budgets (pipeline._grown_ops)
     both_orders: bool  # how its memory plan packed the buffers (finalize.memory_plan)
@@ -45,5 +45,5 @@ def recipe_of(state: LoweringState) -> Recipe | None:
     was chosen from its bytes, not from the choices here."""
     if getattr(state, "streaming", None) is not None:
         return None
-    return Recipe((state.plan_fraction, state.perm_fraction, state.share_layers, state.k_rounds), state.level_weights,
+    return Recipe((state.plan_fraction, state.perm_fraction, state.share_layers, state.thrift), state.level_weights,
                   tuple(dict(state.op_scale).items()), state.both_orders)

@@ -303,11 +303,13 @@ def test_fp8_auto_searches_again_when_the_plan_chosen_does_not_fit_with_the_cali
     assert (res.cycles, res.peak_tile_bytes, res.strategies) == (alone.cycles, alone.peak_tile_bytes, alone.strategies)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("last,probes", [(11, [11]), (10, [11, 10]), (9, [11, 10, 9]), (8, [11, 10, 9])])
-def test_the_largest_with_calibrated_scales_is_found_below_the_search_largest(monkeypatch, last, probes):
+def test_the_largest_with_calibrated_scales_is_found_below_the_search_largest(monkeypatch, last, probes, parallel):
     """The plan compiled fits with the calibrated scales, the largest the zero-scale search found may not (SigLIP
     so400m fp8: batch 11 fits with zeros, 10 with the calibrated scales' patches): the largest then is probed first,
-    the batch below it next, then the batches between are halved; the batch compiled is never probed again."""
+    the batch below it next, then the batches between are halved; the batch compiled is never probed again.
+    parallel: the largest and the batch below it are probed at once, the largest beside (here run first, in turn)."""
     import tremula.compiler as compiler
 
     seen = []
@@ -316,9 +318,17 @@ def test_the_largest_with_calibrated_scales_is_found_below_the_search_largest(mo
         seen.append(b)
         return b <= last, False, None
 
+    def beside(fn, *args, name, process):  # (in turn: what a forked process would see stays here)
+        got = fn(*args)
+        return lambda: got
+
     monkeypatch.setattr(compiler, "fits_at", fits_at)
-    got = compiler._largest_calibrated(None, None, "fp8", 8, 11, {}, {}, "half", "resident", None)
-    assert got == last and seen == probes
+    monkeypatch.setattr(compiler, "beside", beside)
+    got = compiler._largest_calibrated(None, None, "fp8", 8, 11, {}, {}, "half", "resident", None, parallel)
+    assert got == last and seen == (probes if not parallel or last < 11 else [11, 10])  # (both at once)
     seen.clear()
-    assert compiler._largest_calibrated(None, None, "fp8", 11, 11, {}, {}, "half", "resident", None) == 11
+    assert compiler._largest_calibrated(None, None, "fp8", 11, 11, {}, {}, "half", "resident", None, parallel) == 11
     assert not seen
+    # the batch below the largest fits already: the largest alone is probed
+    got = compiler._largest_calibrated(None, None, "fp8", 10, 11, {}, {}, "half", "resident", None, parallel)
+    assert got == (11 if last == 11 else 10) and seen == [11]

@@ -464,7 +464,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         search_scales = scales if calibrating is None else zero_scales(one)
         # On two cores, with no calibration beside, the search's growths (batch 1's too) run beside it and its plans
         # come back as recipes (batch_search.GrowthsBeside), made again where they are grown on.
-        parallel = calibrating is None and usable_cores() > 1 and can_fork()
+        forks = usable_cores() > 1 and can_fork()  # a second core, for work in a forked process
+        parallel = calibrating is None and forks
         found: dict = {"rates": {}}
         growths = GrowthsBeside(chip, dt, found) if parallel else None
         p1 = plan_graph(one, chip, dt, scales=search_scales, partials=partials, weights=weights, grow=1,
@@ -518,7 +519,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
                 planned = _calibrated(graph, chip, dt, planned, scales, partials, weights, shared_only, progress)
             if planned is not None and planned.fits:  # the largest then is at least the batch compiled
                 largest = _largest_calibrated(build, chip, dt, batch, largest, found, scales, partials, weights,
-                                              progress, usable_cores() > 1 and can_fork())
+                                              progress, forks)  # (the calibration has ended)
                 rates = {b: r for b, r in rates.items() if b <= largest}
             else:
                 # the plan chosen no longer fits with the calibrated scales: search again with them (slower, and not

@@ -228,42 +228,55 @@ def to_half(v: np.ndarray, out: np.ndarray) -> bool:
 
 if numba is not None:
 
+    _ERF_CHUNK = 1024  # elements a chunk: its float64 results and tolerances stay in L1
+
     @numba.njit(cache=True, nogil=True, error_model="numpy")  # (no ZeroDivisionError branch per division)
     def _erf_block(x, gelu, nodes_f, nodes_d, step, limit, err, out, unsure):
         """erf.py's _erf_block on each float32 element (the same float64 formula): the float32 result, and 1 in
         `unsure` where the error bound cannot place it on one side of a float32 rounding boundary (the caller takes
-        the reference there). The boundaries are the float32 neighbours by bits."""
+        the reference there). The boundaries are the float32 neighbours by bits. Two loops a chunk, the
+        interpolation (its results and tolerances kept in float64) and then the bound: the same operations, in one
+        loop they ran 2.5-3 times slower (31 against 11 ns an element on the VM this was measured on)."""
         last = len(nodes_f) - 2
-        for k in range(x.size):
-            x64 = np.float64(x[k])
-            z = x64 / math.sqrt(2.0) if gelu else x64
-            inside = abs(z) < limit
-            zz = z if inside else 0.0
-            u = abs(zz) / step
-            i = min(np.int64(u), last)
-            t = u - i
-            t2 = t * t
-            t3 = t2 * t
-            p = ((2 * t3 - 3 * t2 + 1) * nodes_f[i] + (t3 - 2 * t2 + t) * nodes_d[i] + (3 * t2 - 2 * t3)
-                 * nodes_f[i + 1] + (t3 - t2) * nodes_d[i + 1])
-            e = math.copysign(p, zz)
-            y = 0.5 * x64 * (1.0 + e) if gelu else e
-            ay = abs(y)
-            spacing = _float64(_bits64(ay) + np.uint64(1)) - ay  # (np.spacing for finite ay; inf is unsure below)
-            tol = (0.5 * abs(x64) * (err + 4.5e-16) if gelu else err) + 4 * spacing
-            y32 = np.float32(y)
-            out[k] = y32
-            # By magnitude, without a branch (twice as fast as choosing the neighbour by sign): |y| must lie more
-            # than tol inside the halfway points to the float32 neighbours towards and away from zero. Outside the
-            # table, inf, NaN and zero go to the reference.
-            b = _bits(y32)
-            mag = b & np.uint32(0x7FFFFFFF)
-            m64 = np.float64(_float(mag))
-            d = ay - m64
-            half_up = (np.float64(_float(mag + np.uint32(1))) - m64) * 0.5
-            half_down = (m64 - np.float64(_float(mag - np.uint32(1)))) * 0.5
-            sure = inside & ((b & _EXP) != _EXP) & (mag != 0) & (d + half_down > tol) & (half_up - d > tol)
-            unsure[k] = np.uint8(1 - sure)
+        n = x.size
+        ys = np.empty(_ERF_CHUNK, np.float64)
+        tols = np.empty(_ERF_CHUNK, np.float64)  # the bound's part from the formula; -1 outside the table
+        for c0 in range(0, n, _ERF_CHUNK):
+            c1 = min(n, c0 + _ERF_CHUNK)
+            for k in range(c0, c1):
+                x64 = np.float64(x[k])
+                z = x64 / math.sqrt(2.0) if gelu else x64
+                inside = abs(z) < limit
+                zz = z if inside else 0.0
+                u = abs(zz) / step
+                i = min(np.int64(u), last)
+                t = u - i
+                t2 = t * t
+                t3 = t2 * t
+                p = ((2 * t3 - 3 * t2 + 1) * nodes_f[i] + (t3 - 2 * t2 + t) * nodes_d[i] + (3 * t2 - 2 * t3)
+                     * nodes_f[i + 1] + (t3 - t2) * nodes_d[i + 1])
+                e = math.copysign(p, zz)
+                y = 0.5 * x64 * (1.0 + e) if gelu else e
+                ys[k - c0] = y
+                tols[k - c0] = (0.5 * abs(x64) * (err + 4.5e-16) if gelu else err) if inside else -1.0
+                out[k] = np.float32(y)
+            for k in range(c0, c1):
+                y = ys[k - c0]
+                ay = abs(y)
+                spacing = _float64(_bits64(ay) + np.uint64(1)) - ay  # (np.spacing for finite ay; inf is unsure below)
+                tol = tols[k - c0] + 4 * spacing
+                # By magnitude, without a branch (twice as fast as choosing the neighbour by sign): |y| must lie more
+                # than tol inside the halfway points to the float32 neighbours towards and away from zero. Outside
+                # the table, inf, NaN and zero go to the reference.
+                b = _bits(out[k])
+                mag = b & np.uint32(0x7FFFFFFF)
+                m64 = np.float64(_float(mag))
+                d = ay - m64
+                half_up = (np.float64(_float(mag + np.uint32(1))) - m64) * 0.5
+                half_down = (m64 - np.float64(_float(mag - np.uint32(1)))) * 0.5
+                sure = (tols[k - c0] >= 0) & ((b & _EXP) != _EXP) & (mag != 0) & (d + half_down > tol) \
+                    & (half_up - d > tol)
+                unsure[k] = np.uint8(1 - sure)
 
 
 def erf_block(x: np.ndarray, gelu: bool, nodes_f, nodes_d, step: float, limit: float, err: float):

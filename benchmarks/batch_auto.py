@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import resource
 import time
+
+os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: FP8 scales calibrated, not
+# taken from an earlier run (src/tremula/cache.py)
 
 
 def _one(spec: str, chip: str, out) -> None:

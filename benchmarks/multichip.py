@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import resource
 import time
+
+os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: FP8 scales calibrated, not
+# taken from an earlier run (src/tremula/cache.py)
 
 from tremula.multichip import compile_system
 from tremula.target.system import load_system

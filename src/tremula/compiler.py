@@ -29,7 +29,7 @@ from tremula.batch_search import (
 )
 from tremula.beside import beside, can_fork, usable_cores
 from tremula.errors import NoFit, TremulaError, notice
-from tremula.fp8_calibration import calibration_job
+from tremula.fp8_calibration import Stored, calibration_job
 from tremula.frontends.rebatch import CannotRebatch, FixedBatch, rebatch
 from tremula.ir.graph import Graph, model_batch
 from tremula.pipeline import (
@@ -440,7 +440,11 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         if progress:
             progress("calibrate", 0, 1)
         job = calibration_job(build, model if isinstance(model, Graph) else None, calibration, chip)
-        if batch == "auto" or can_fork():
+        if isinstance(job, Stored):
+            # scales an earlier run calibrated (cache.py): planned exactly as beside a calibration (the same
+            # Program), with the core it would take free
+            calibrating = job
+        elif batch == "auto" or can_fork():
             # beside the batch search or the plan (see below), in a forked process: on a thread the two shared one
             # interpreter lock, and the search ended waiting for the calibration (SigLIP so400m fp8: the last probe
             # done at 42.1 s, the scales at 48.7 s; in a process at 45.8 s, 54.8 -> 51.2 s in all). Also when the
@@ -465,7 +469,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         # On two cores, with no calibration beside, the search's growths (batch 1's too) run beside it and its plans
         # come back as recipes (batch_search.GrowthsBeside), made again where they are grown on.
         forks = usable_cores() > 1 and can_fork()  # a second core, for work in a forked process
-        parallel = calibrating is None and forks
+        parallel = (calibrating is None or isinstance(calibrating, Stored)) and forks
         found: dict = {"rates": {}}
         growths = GrowthsBeside(chip, dt, found) if parallel else None
         p1 = plan_graph(one, chip, dt, scales=search_scales, partials=partials, weights=weights, grow=1,

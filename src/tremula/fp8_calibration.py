@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
 
+from tremula import cache
 from tremula.batch_search import refuse_oversize
-from tremula.errors import TremulaError
+from tremula.errors import TremulaError, notice
 from tremula.feeds import index_tables, make_feeds
 from tremula.frontends.rebatch import FixedBatch
 from tremula.ir.graph import Graph, model_batch
@@ -18,6 +20,7 @@ CALIBRATION_SEED = 1  # seeded calibration inputs differ from check's inputs (se
 # attention-pooling head too low for other inputs (siglip-tiny's pooler: cosine 0.987 at batch 8, seed 1, below the
 # 0.99 bar); from four samples on the scales stopped changing.
 CALIBRATION_SAMPLES = 4
+SCALES_ENTRY, SCALES_VERSION = "fp8-scales", 1  # the cache's entries of calibrated scales (cache.py)
 
 
 def fp8_scales(graph: Graph, feeds: dict[str, np.ndarray] | None = None,
@@ -46,12 +49,12 @@ def calibration_job(build, graph: Graph | None, calibration: dict[str, np.ndarra
     if not calibration:
         if build is None:
             assert graph is not None
-            return lambda threads=None: fp8_scales(graph, threads=threads)
+            return _cached(graph, None)
         try:
             g = build(CALIBRATION_SAMPLES)
         except FixedBatch:  # a fixed batch that cannot be rebatched: its own samples
             g = build(None)
-        return lambda threads=None: fp8_scales(g, threads=threads)
+        return _cached(g, None)
     small = graph if build is None else build(None)
     assert small is not None
     arrays, n = _calibration_arrays(small, calibration)
@@ -67,7 +70,41 @@ def calibration_job(build, graph: Graph | None, calibration: dict[str, np.ndarra
             raise TremulaError(f"calibration inputs hold {n} samples, and the model cannot take them: {e}") from None
     refuse_oversize(build, g, chip, "float32", what=f"calibrating {g.name} on {n} samples", host_only=True)
     feeds = calibration_values(canonical(small), arrays)
-    return lambda threads=None: fp8_scales(g, feeds, threads)
+    return _cached(g, feeds)
+
+
+class Stored:
+    """A calibration job (calibration_job's) with nothing left to compute: the scales an earlier run stored."""
+
+    def __init__(self, scales: dict[str, int]):
+        self.scales = scales
+
+    def __call__(self, threads: Callable[[], int] | None = None) -> dict[str, int]:
+        return dict(self.scales)
+
+
+def _cached(g: Graph, feeds: dict[str, np.ndarray] | None) -> Callable[..., dict[str, int]]:
+    """The calibration of graph g on `feeds` (None: CALIBRATION_SEED's samples) as a job (calibration_job's): the
+    scales a run before stored for the same model, inputs and code (cache.py), told in a notice, else a job that
+    calibrates and stores them."""
+    k = cache.key(SCALES_ENTRY, SCALES_VERSION, g, {"seed": CALIBRATION_SEED} if feeds is None else {"feeds": feeds})
+    hit = cache.load(SCALES_ENTRY, k)
+    scales = hit.get("scales") if hit is not None else None
+    if isinstance(scales, dict) and all(isinstance(v, int) for v in scales.values()):
+        notice(f"FP8 scales from the cache (calibrated on {hit.get('samples', '?')} samples in "
+               f"{hit.get('seconds', 0):.1f} s by an earlier run: {cache.cache_dir()}; {cache.ENV}=off calibrates "
+               "again)")
+        return Stored(scales)
+
+    def job(threads=None) -> dict[str, int]:
+        t0 = time.perf_counter()
+        made = fp8_scales(g, feeds, threads)
+        samples = (model_batch(g) or "?") if feeds is None else len(next(iter(feeds.values())))
+        cache.store(SCALES_ENTRY, k, {"scales": made, "samples": samples, "seconds": round(time.perf_counter() - t0, 2),
+                                      "graph": g.name})
+        return made
+
+    return job
 
 
 def _calibration_arrays(g: Graph, calibration: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:

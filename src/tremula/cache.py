@@ -1,0 +1,154 @@
+"""Results kept on disk between runs, keyed by everything they are computed from: the FP8 calibration's scales.
+
+Calibrating FP8 runs the model in float32 on four samples, the longest part of an FP8 compile of a large model
+(SigLIP so400m: 2.4 TFLOP, about 27 s on two cores, 35 s on one). Its scales are a pure function of the model (its
+graph and weights), the calibration inputs and tremula's code, so a second compile or check of the same model takes
+them from here, as TensorRT keeps an INT8 calibration cache and JAX a compilation cache.
+
+The key is a sha256 over: what the entry is and its format version; tremula's own source files (every .py of the
+package, so any change to the code makes new keys); the NumPy, ml_dtypes and BLAS versions that computed it; the
+graph (inputs, outputs, every node's op, operands and attributes, every value's type) and each constant's values,
+named by how they are made when lazy (a zoo model's seeded initialisers: kind, seed, mean, std, type) and by the
+sha256 of their bytes otherwise; and the calibration inputs (seeded: their seed; the user's: their bytes). A graph with
+a constant that cannot be named without computing it (one derived from another by a function) has no key and is
+not cached.
+
+Where: $TREMULA_CACHE_DIR, else $XDG_CACHE_HOME/tremula, else ~/.cache/tremula; TREMULA_CACHE_DIR set to "" or "off"
+turns the cache off (the test suite and the benchmarks that time compiles do). An entry is a small JSON file written
+whole (to a temporary file, then renamed), so a reader never sees half of one; an entry that cannot be read or
+written is a miss, never an error: the cache only saves time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tremula.ir.graph import Graph, LazyInit
+
+ENV = "TREMULA_CACHE_DIR"
+
+
+def cache_dir() -> Path | None:
+    """The cache's folder, or None when the cache is off."""
+    env = os.environ.get(ENV)
+    if env is not None:
+        return None if env.strip().lower() in ("", "off") else Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tremula"
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 over tremula's .py files (relative path and bytes, in path order) and the versions of the libraries
+    whose arithmetic the cached results depend on."""
+    import ml_dtypes
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(f"numpy {np.__version__}\0ml_dtypes {ml_dtypes.__version__}\0".encode())
+    try:
+        from threadpoolctl import threadpool_info
+
+        for lib in sorted(threadpool_info(), key=lambda d: str(d.get("filepath"))):
+            if lib.get("user_api") == "blas":
+                h.update(f"{lib.get('internal_api')} {lib.get('version')} {lib.get('architecture')}\0".encode())
+    except Exception:  # pragma: no cover - threadpoolctl is a dependency; its report is best effort
+        pass
+    return h.hexdigest()
+
+
+def _value(h, v: Any) -> None:
+    """An attribute value into the hash, by kind (the repr of a float is exact, and of a str unambiguous)."""
+    if isinstance(v, np.ndarray):
+        a = np.ascontiguousarray(v)
+        h.update(f"nd {a.dtype.str} {a.shape}\0".encode())
+        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    elif isinstance(v, (list, tuple)):
+        h.update(f"{type(v).__name__} {len(v)}\0".encode())
+        for x in v:
+            _value(h, x)
+    elif isinstance(v, dict):
+        h.update(f"dict {len(v)}\0".encode())
+        for k in sorted(v, key=repr):
+            _value(h, k)
+            _value(h, v[k])
+    else:
+        h.update(f"{type(v).__name__} {v!r}\0".encode())
+
+
+def graph_key(h, graph: Graph) -> bool:
+    """Feed the graph's structure and its constants' values (named as the module doc says) into hash `h`; False when
+    a constant cannot be named without computing it."""
+    h.update(f"inputs {graph.inputs}\0outputs {graph.outputs}\0".encode())
+    for n in graph.nodes:
+        h.update(f"node {n.op} {n.name!r} {n.inputs} {n.outputs}\0".encode())
+        _value(h, dict(n.attrs))
+    for name in sorted(graph.types):
+        t = graph.types[name]
+        h.update(f"type {name!r} {t.shape} {t.dtype}\0".encode())
+    for name in sorted(graph.constants):
+        c = graph.constants[name]
+        if c.data is not None:
+            a = np.ascontiguousarray(c.data)
+            h.update(f"const {name!r} data {hashlib.sha256(memoryview(a.reshape(-1).view(np.uint8))).hexdigest()}\0"
+                     .encode())
+        elif isinstance(c.init, LazyInit):
+            h.update(f"const {name!r} lazy {c.init!r}\0".encode())
+        else:
+            return False
+    return True
+
+
+def key(what: str, version: int, graph: Graph, extra: dict[str, Any]) -> str | None:
+    """The key of result `what` (format `version`) computed from `graph` and `extra` (the other inputs), or None when
+    the cache is off or the graph has a constant that cannot be named."""
+    if cache_dir() is None:
+        return None
+    h = hashlib.sha256(f"tremula cache {what} v{version}\0{code_fingerprint()}\0".encode())
+    if not graph_key(h, graph):
+        return None
+    _value(h, extra)
+    return h.hexdigest()
+
+
+def load(what: str, k: str | None) -> dict | None:
+    """The entry stored under key k, or None (no key, no entry, or one that cannot be read)."""
+    root = cache_dir()
+    if k is None or root is None:
+        return None
+    try:
+        entry = json.loads((root / what / f"{k}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return entry if isinstance(entry, dict) and entry.get("key") == k else None
+
+
+def store(what: str, k: str | None, entry: dict) -> Path | None:
+    """Write entry under key k (whole, or not at all); its path, or None when it was not written."""
+    root = cache_dir()
+    if k is None or root is None:
+        return None
+    folder, tmp = root / what, None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"key": k, **entry}, f, indent=1, sort_keys=True)
+        os.replace(tmp, folder / f"{k}.json")
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                Path(tmp).unlink(missing_ok=True)
+        return None
+    return folder / f"{k}.json"

@@ -110,14 +110,22 @@ def graph_key(h, graph: Graph) -> bool:
     return True
 
 
-def key(what: str, version: int, graph: Graph, extra: dict[str, Any]) -> str | None:
-    """The key of result `what` (format `version`) computed from `graph` and `extra` (the other inputs), or None when
-    the cache is off or the graph has a constant that cannot be named."""
+def graph_digest(graph: Graph) -> str | None:
+    """graph_key's sha256 of the graph, or None when the cache is off or a constant cannot be named. Taken before
+    anything makes the weights of a seeded graph (a made constant is named by its bytes, not by how it was made)."""
     if cache_dir() is None:
         return None
-    h = hashlib.sha256(f"tremula cache {what} v{version}\0{code_fingerprint()}\0".encode())
-    if not graph_key(h, graph):
+    h = hashlib.sha256()
+    return h.hexdigest() if graph_key(h, graph) else None
+
+
+def key(what: str, version: int, graph: Graph | str | None, extra: dict[str, Any]) -> str | None:
+    """The key of result `what` (format `version`) computed from `graph` (or its graph_digest) and `extra` (the other
+    inputs), or None when the cache is off or the graph has no digest."""
+    digest = graph_digest(graph) if isinstance(graph, Graph) else graph
+    if digest is None or cache_dir() is None:
         return None
+    h = hashlib.sha256(f"tremula cache {what} v{version}\0{code_fingerprint()}\0{digest}\0".encode())
     _value(h, extra)
     return h.hexdigest()
 

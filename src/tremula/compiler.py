@@ -12,11 +12,12 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Union
 
 import numpy as np
 
+from tremula import cache, limits
 from tremula.batch_search import (
     AUTO_GROWN,
     GrowthsBeside,
@@ -303,8 +304,47 @@ def _plan_beside(graph: Graph, chip, dt: str, progress: Progress | None, calibra
     batch 1 50.4 -> 34.9 s, batch 8 55.0 -> 46.8 s, the same cycles (the calibration, 29 s alone, is the longer of
     the two; beside the planning it took about 40, and with the cores shared as _calibration_beside shares them batch
     1 takes 33.2 s, batch 8 36.6 s)."""
-    plan = plan_graph(graph, chip, dt, progress, zero_scales(graph), False, partials, weights, grow=GROW_STEPS)
+    plan = _grown_plan(graph, chip, dt, progress, zero_scales(graph), False, partials, weights)
     return _calibrated(graph, chip, dt, plan, calibrating(), partials, weights, False, progress)
+
+
+PLAN_ENTRY, PLAN_VERSION = "plans", 1  # the cache's entries of the plans compiles grew (cache.py): their Recipes
+
+
+def _grown_plan(graph: Graph, chip, dt: str, progress: Progress | None, scales: dict[str, int] | None,
+                shared_only: bool, partials: str, weights: str) -> Plan:
+    """plan_graph's plan of a compile at a fixed batch (grown GROW_STEPS), or the plan an earlier run grew from the
+    same inputs (the graph and its weights, chip, options, scales and tremula's code: cache.py), lowered again from
+    its Recipe: the same plan, in one lowering instead of the budgets tried and the growth's. Plans that stream
+    weights have no recipe and are made each time."""
+    k = cache.key(PLAN_ENTRY, PLAN_VERSION, graph, {"chip": repr(chip), "dtype": dt, "scales": scales,
+                                                    "shared_only": shared_only, "partials": partials,
+                                                    "weights": weights, "grow": GROW_STEPS})
+    recipe = _stored_recipe(cache.load(PLAN_ENTRY, k))
+    if recipe is not None:
+        plan = from_recipe(graph, chip, dt, recipe, scales, partials, progress)
+        if plan.fits:
+            notice(f"the plan's choices from the cache (an earlier run grew it: {cache.cache_dir()}; "
+                   f"{cache.ENV}=off plans again)")
+            return plan
+        plan = None
+    plan = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights, grow=GROW_STEPS)
+    recipe = recipe_of(plan.state) if plan.fits else None
+    if recipe is not None:
+        cache.store(PLAN_ENTRY, k, {"recipe": asdict(recipe), "graph": graph.name})
+    return plan
+
+
+def _stored_recipe(entry: dict | None) -> Recipe | None:
+    """The Recipe a cache entry holds, or None (no entry, or not one this code wrote)."""
+    try:
+        r = entry["recipe"]  # type: ignore[index]
+        frac, perm, share, thrift = r["budget"]
+        return Recipe((float(frac), None if perm is None else float(perm), bool(share), str(thrift)),
+                      bool(r["level_weights"]), tuple((str(a), float(b)) for a, b in r["op_scale"]),
+                      bool(r["both_orders"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _calibrated(graph: Graph, chip, dt: str, plan: Plan, scales: dict[str, int], partials: str, weights: str,
@@ -389,6 +429,144 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     return best
 
 
+def _auto(build, chip, dt: str, dtype: str, progress: Progress | None,
+          calibrating: Callable[[], dict[str, int]] | None, scales: dict[str, int] | None, partials: str, weights: str):
+    """compile_model's --batch auto: (the batch to compile, its graph as built, its Plan or None, the `auto` record
+    (largest, rates, grown), shared_only, the FP8 scales). The answer an earlier run found from the same inputs
+    (cache.py; FP8: with the same calibrated scales, so only once they are at hand) is taken from the cache: its
+    batch planned again from its Recipe, the same plan."""
+    planned = None
+    # Batch 1 first: when it does not fit, its plan is what the error reports.
+    one = build(1)
+    refuse_oversize(build, one, chip, dt, weights=weights)
+    known = calibrating() if isinstance(calibrating, Stored) else scales
+    digest = cache.graph_digest(one)  # (now: the search makes some of its seeded weights)
+    asked = weights  # (the search may keep every weight on the chip: below)
+    k = _auto_key(digest, chip, dt, known, partials, asked)
+    hit = _stored_auto(cache.load(AUTO_ENTRY, k), build, chip, dt, known, partials, progress)
+    if hit is not None:
+        notice(f"--batch auto: the search's answer from the cache (an earlier run searched: {cache.cache_dir()}; "
+               f"{cache.ENV}=off searches again)")
+        return (*hit, known)
+    # FP8: the search plans with all-zero scales while the calibration runs. Scales change no choice of a plan;
+    # zeros make a shared layer's scale fields equal to its template's, so it patches none of them, and a plan
+    # holds at most the bytes it holds with calibrated scales (SigLIP so400m fp8 b10's fullest tile: 7.7 KB of
+    # vertex state against 12.1 KB). The batch compiled and the largest are then planned with the calibrated
+    # scales.
+    search_scales = scales if calibrating is None else zero_scales(one)
+    # On two cores, with no calibration beside, the search's growths (batch 1's too) run beside it and its plans
+    # come back as recipes (batch_search.GrowthsBeside), made again where they are grown on.
+    forks = usable_cores() > 1 and can_fork()  # a second core, for work in a forked process
+    parallel = (calibrating is None or isinstance(calibrating, Stored)) and forks
+    found: dict = {"rates": {}}
+    growths = GrowthsBeside(chip, dt, found) if parallel else None
+    p1 = plan_graph(one, chip, dt, scales=search_scales, partials=partials, weights=weights, grow=1,
+                    grow_ops=False, grow_when=growable(chip),
+                    grow_beside=growths.start(1) if growths is not None else None)
+    if not p1.fits and calibrating is not None:  # the error reports the bytes of the calibrated plan
+        p1 = None
+        p1 = plan_graph(one, chip, dt, scales=calibrating(), partials=partials, weights=weights)
+    if not p1.fits:
+        raise _does_not_fit(p1.state, p1.memory, p1.liveness, chip, 1, 0)
+    if growths is None or not growths.keep(1, p1):
+        found["rates"][1] = plan_rate(p1, chip, dt, 1)
+    if getattr(p1.state, "share_layers", False):  # plans without shared layers failed at batch 1 already
+        found["shared_from"] = 1
+    # The fastest plans the search makes are kept whole (fits_at), and growing them fully grows them on instead
+    # of planning them again, when a probe's graph is the one compiled: a model file's probes are rebatched
+    # graphs, whose value names may differ from the file's own at that batch (_Rebatching), so those are planned
+    # again (their recipes, made beside, are dropped below). With growths beside, only plans without a recipe
+    # are kept so (kept_whole). (FP8: kept planned with all-zero scales, lowered again with the calibrated ones
+    # at the end.)
+    if not hasattr(build, "exact") and kept_whole(p1, growths):
+        found["plans"] = {1: p1}
+    # When batch 1 fits with every weight on the chip, the search keeps them there: streaming is how a model too
+    # big for the chip runs at all, and larger batches that fit only by streaming were slower where measured
+    # (SigLIP so400m fp8: 205.0 samples/s at batch 16 with 15 layers streamed, 221.6 resident at 9), while each
+    # such probe plans for minutes.
+    if weights == "auto" and getattr(p1.state, "streaming", None) is None:
+        weights = "resident"
+    p1 = one = None
+    largest = find_max_batch(build, chip, dtype, progress=progress, scales=search_scales, one_fits=True,
+                             found=found, partials=partials, weights=weights, grow=True, growths=growths)
+    if hasattr(build, "exact"):  # (a rebatched probe's recipe may name other values: planned again)
+        found.pop("made", None)
+    # The fastest of the batches planned, each ranked by its plan grown one step (a larger batch can be slower:
+    # more rounds, tighter budgets), the AUTO_GROWN fastest then grown fully as a compile at their batch grows
+    # its plan: the faster is compiled, the same Program as a compile of that batch alone.
+    rates = found["rates"]
+    # (side by side only with every weight resident: a plan that streams has no recipe, and is priced from its
+    # Program, gigabytes made in a forked process and in one whose pages it shares: SigLIP so400m fp16's two took
+    # 10.2 and 16.0 s so, its whole choice 9.4 s one after the other)
+    chosen = _fastest_grown(build, chip, dt, progress, found, largest, scales, calibrating is not None,
+                            partials, weights, parallel and weights == "resident")
+    batch, graph, planned = chosen if chosen is not None else (max(rates, key=lambda b: (rates[b], b)), None, None)
+    chosen = None
+    graph = graph if graph is not None else _exact(build, batch)
+    shared_only = _shared_only(found, largest, batch)
+    if calibrating is not None:
+        # grown with all-zero scales while the calibration ends, then lowered again with the calibrated ones
+        scales = calibrating()
+        if planned is not None:
+            planned = _calibrated(graph, chip, dt, planned, scales, partials, weights, shared_only, progress)
+        if planned is not None and planned.fits:  # the largest then is at least the batch compiled
+            largest = _largest_calibrated(build, chip, dt, batch, largest, found, scales, partials, weights,
+                                          progress, forks)  # (the calibration has ended)
+            rates = {b: r for b, r in rates.items() if b <= largest}
+        else:
+            # the plan chosen no longer fits with the calibrated scales: search again with them (slower, and not
+            # seen on the zoo models)
+            planned = None
+            found = {"rates": {}}
+            largest = find_max_batch(build, chip, dt, progress=progress, scales=scales, found=found,
+                                     partials=partials, weights=weights, grow=True)
+            rates = found["rates"] or {1: 0.0}  # none: batch 1 does not fit; its plan says so
+            batch = max(rates, key=lambda b: (rates[b], b))
+            graph = _exact(build, batch)
+            shared_only = _shared_only(found, largest, batch)
+    auto = {"largest": largest, "rates": dict(sorted(rates.items())),
+            "grown": sorted({b for b in found.get("grown", ()) if b in rates} | {batch})}
+    if planned is not None and planned.fits and recipe_of(planned.state) is not None:
+        k = k if dt != "fp8" or known is not None else _auto_key(digest, chip, dt, scales, partials, asked)
+        cache.store(AUTO_ENTRY, k, {"batch": batch, "auto": auto, "shared_only": shared_only,
+                                    "recipe": asdict(recipe_of(planned.state)), "graph": graph.name})
+    return batch, graph, planned, auto, shared_only, scales
+
+
+AUTO_ENTRY, AUTO_VERSION = "batch-auto", 1  # the cache's entries of --batch auto's answers (cache.py)
+
+
+def _auto_key(digest: str | None, chip, dt: str, scales: dict[str, int] | None, partials: str, weights: str
+              ) -> str | None:
+    """The cache key of --batch auto's answer for the model built at batch 1 (its cache.graph_digest): None at fp8
+    without its calibrated scales. The host's memory is in it: the search refuses batches that would not plan within
+    it."""
+    if dt == "fp8" and scales is None:
+        return None
+    return cache.key(AUTO_ENTRY, AUTO_VERSION, digest, {"chip": repr(chip), "dtype": dt, "scales": scales,
+                                                     "partials": partials, "weights": weights,
+                                                     "host": limits.host_memory_budget()})
+
+
+def _stored_auto(entry: dict | None, build, chip, dt: str, scales: dict[str, int] | None, partials: str,
+                 progress: Progress | None):
+    """(batch, graph, plan, auto, shared_only) of a stored --batch auto answer, its plan lowered again from its
+    Recipe, or None (no entry, one this code did not write, or a plan that does not fit)."""
+    recipe = _stored_recipe(entry)
+    if recipe is None:
+        return None
+    try:
+        batch, shared_only = int(entry["batch"]), bool(entry["shared_only"])  # type: ignore[index]
+        a = entry["auto"]  # type: ignore[index]
+        auto = {"largest": int(a["largest"]), "rates": {int(b): float(r) for b, r in a["rates"].items()},
+                "grown": [int(b) for b in a["grown"]]}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    graph = _exact(build, batch)
+    plan = from_recipe(graph, chip, dt, recipe, scales, partials, progress)
+    return (batch, graph, plan, auto, shared_only) if plan.fits else None
+
+
 def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype: str = "fp32",
                   seq_len: int | None = None, progress: Progress | None = None, require_fit: bool = True,
                   calibration: dict[str, np.ndarray] | None = None, partials: str = "half",
@@ -457,87 +635,8 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
             scales = job()
     if batch == "auto":
         assert build is not None
-        # Batch 1 first: when it does not fit, its plan is what the error reports.
-        one = build(1)
-        refuse_oversize(build, one, chip, dt, weights=weights)
-        # FP8: the search plans with all-zero scales while the calibration runs. Scales change no choice of a plan;
-        # zeros make a shared layer's scale fields equal to its template's, so it patches none of them, and a plan
-        # holds at most the bytes it holds with calibrated scales (SigLIP so400m fp8 b10's fullest tile: 7.7 KB of
-        # vertex state against 12.1 KB). The batch compiled and the largest are then planned with the calibrated
-        # scales.
-        search_scales = scales if calibrating is None else zero_scales(one)
-        # On two cores, with no calibration beside, the search's growths (batch 1's too) run beside it and its plans
-        # come back as recipes (batch_search.GrowthsBeside), made again where they are grown on.
-        forks = usable_cores() > 1 and can_fork()  # a second core, for work in a forked process
-        parallel = (calibrating is None or isinstance(calibrating, Stored)) and forks
-        found: dict = {"rates": {}}
-        growths = GrowthsBeside(chip, dt, found) if parallel else None
-        p1 = plan_graph(one, chip, dt, scales=search_scales, partials=partials, weights=weights, grow=1,
-                        grow_ops=False, grow_when=growable(chip),
-                        grow_beside=growths.start(1) if growths is not None else None)
-        if not p1.fits and calibrating is not None:  # the error reports the bytes of the calibrated plan
-            p1 = None
-            p1 = plan_graph(one, chip, dt, scales=calibrating(), partials=partials, weights=weights)
-        if not p1.fits:
-            raise _does_not_fit(p1.state, p1.memory, p1.liveness, chip, 1, 0)
-        if growths is None or not growths.keep(1, p1):
-            found["rates"][1] = plan_rate(p1, chip, dt, 1)
-        if getattr(p1.state, "share_layers", False):  # plans without shared layers failed at batch 1 already
-            found["shared_from"] = 1
-        # The fastest plans the search makes are kept whole (fits_at), and growing them fully grows them on instead
-        # of planning them again, when a probe's graph is the one compiled: a model file's probes are rebatched
-        # graphs, whose value names may differ from the file's own at that batch (_Rebatching), so those are planned
-        # again (their recipes, made beside, are dropped below). With growths beside, only plans without a recipe
-        # are kept so (kept_whole). (FP8: kept planned with all-zero scales, lowered again with the calibrated ones
-        # at the end.)
-        if not hasattr(build, "exact") and kept_whole(p1, growths):
-            found["plans"] = {1: p1}
-        # When batch 1 fits with every weight on the chip, the search keeps them there: streaming is how a model too
-        # big for the chip runs at all, and larger batches that fit only by streaming were slower where measured
-        # (SigLIP so400m fp8: 205.0 samples/s at batch 16 with 15 layers streamed, 221.6 resident at 9), while each
-        # such probe plans for minutes.
-        if weights == "auto" and getattr(p1.state, "streaming", None) is None:
-            weights = "resident"
-        p1 = one = None
-        largest = find_max_batch(build, chip, dtype, progress=progress, scales=search_scales, one_fits=True,
-                                 found=found, partials=partials, weights=weights, grow=True, growths=growths)
-        if hasattr(build, "exact"):  # (a rebatched probe's recipe may name other values: planned again)
-            found.pop("made", None)
-        # The fastest of the batches planned, each ranked by its plan grown one step (a larger batch can be slower:
-        # more rounds, tighter budgets), the AUTO_GROWN fastest then grown fully as a compile at their batch grows
-        # its plan: the faster is compiled, the same Program as a compile of that batch alone.
-        rates = found["rates"]
-        # (side by side only with every weight resident: a plan that streams has no recipe, and is priced from its
-        # Program, gigabytes made in a forked process and in one whose pages it shares: SigLIP so400m fp16's two took
-        # 10.2 and 16.0 s so, its whole choice 9.4 s one after the other)
-        chosen = _fastest_grown(build, chip, dt, progress, found, largest, scales, calibrating is not None,
-                                partials, weights, parallel and weights == "resident")
-        batch, graph, planned = chosen if chosen is not None else (max(rates, key=lambda b: (rates[b], b)), None, None)
-        chosen = None
-        graph = graph if graph is not None else _exact(build, batch)
-        shared_only = _shared_only(found, largest, batch)
-        if calibrating is not None:
-            # grown with all-zero scales while the calibration ends, then lowered again with the calibrated ones
-            scales = calibrating()
-            if planned is not None:
-                planned = _calibrated(graph, chip, dt, planned, scales, partials, weights, shared_only, progress)
-            if planned is not None and planned.fits:  # the largest then is at least the batch compiled
-                largest = _largest_calibrated(build, chip, dt, batch, largest, found, scales, partials, weights,
-                                              progress, forks)  # (the calibration has ended)
-                rates = {b: r for b, r in rates.items() if b <= largest}
-            else:
-                # the plan chosen no longer fits with the calibrated scales: search again with them (slower, and not
-                # seen on the zoo models)
-                planned = None
-                found = {"rates": {}}
-                largest = find_max_batch(build, chip, dt, progress=progress, scales=scales, found=found,
-                                         partials=partials, weights=weights, grow=True)
-                rates = found["rates"] or {1: 0.0}  # none: batch 1 does not fit; its plan says so
-                batch = max(rates, key=lambda b: (rates[b], b))
-                graph = _exact(build, batch)
-                shared_only = _shared_only(found, largest, batch)
-        auto = {"largest": largest, "rates": dict(sorted(rates.items())),
-                "grown": sorted({b for b in found.get("grown", ()) if b in rates} | {batch})}
+        batch, graph, planned, auto, shared_only, scales = _auto(build, chip, dt, dtype, progress, calibrating, scales,
+                                                                  partials, weights)
     assert graph is not None
     real = model_batch(graph)
     batch = real if real is not None else (batch if isinstance(batch, int) else 1)
@@ -554,7 +653,7 @@ def compile_model(model: ModelSpec, chip, batch: int | str | None = None, dtype:
         plan = _plan_beside(graph, chip, dt, progress, calibrating, partials, weights)
         scales = calibrating()
     else:
-        plan = plan_graph(graph, chip, dt, progress, scales, shared_only, partials, weights, grow=GROW_STEPS)
+        plan = _grown_plan(graph, chip, dt, progress, scales, shared_only, partials, weights)
     planned = None
     g, state, mp = plan.graph, plan.state, plan.memory
     if require_fit and not mp.fits:

@@ -79,9 +79,16 @@ def _compiled_bytes(res, path):
     return path.read_bytes()
 
 
-def test_a_second_compile_takes_the_scales_and_makes_the_same_program(folder, tmp_path):
-    """The first FP8 compile calibrates and stores its scales; the second is told it takes them from the cache, and
-    its --batch auto answer and Program are those of the first, byte for byte (it plans as beside a calibration)."""
+def test_a_second_auto_compile_takes_the_scales_and_the_answer_and_makes_the_same_program(folder, tmp_path,
+                                                                                         monkeypatch):
+    """The first FP8 --batch auto calibrates and searches, and stores its scales and its answer; the second is told
+    it takes both from the cache, searches no batch, and its answer and Program are those of the first, byte for
+    byte. A compile with other options searches."""
+    import tremula.compiler as compiler
+
+    searched = []
+    real = compiler.find_max_batch
+    monkeypatch.setattr(compiler, "find_max_batch", lambda *a, **k: searched.append(1) or real(*a, **k))
     chip = load_chip("c600")
     build = lambda b: load_model("bert-tiny", batch=b)  # noqa: E731
     with warnings.catch_warnings(record=True) as first_notes:
@@ -93,10 +100,19 @@ def test_a_second_compile_takes_the_scales_and_makes_the_same_program(folder, tm
     with pytest.warns(TremulaNotice, match="FP8 scales from the cache"):
         job = calibration_job(build, None, None, chip)
     assert isinstance(job, Stored) and job() == json.loads(stored[0].read_text())["scales"]
-    with pytest.warns(TremulaNotice, match="FP8 scales from the cache"):
+    assert searched == [1]
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always")
         warm = compile_model("bert-tiny", chip, "auto", "fp8")
+    told = " | ".join(str(w.message) for w in notes)
+    assert "FP8 scales from the cache" in told and "the search's answer from the cache" in told
+    assert searched == [1]  # no search the second time
     assert (warm.batch, warm.auto, warm.cycles) == (cold.batch, cold.auto, cold.cycles)
     assert _compiled_bytes(warm, tmp_path / "warm") == _compiled_bytes(cold, tmp_path / "cold")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile_model("bert-tiny", chip, "auto", "fp8", partials="float")
+    assert searched == [1, 1]
 
 
 def test_other_calibration_inputs_are_calibrated(folder):
@@ -112,3 +128,32 @@ def test_other_calibration_inputs_are_calibrated(folder):
     with pytest.warns(TremulaNotice, match="from the cache"):
         again = calibration_job(build, None, a, chip)
     assert isinstance(again, Stored) and again() == scales_a
+
+
+@pytest.mark.parametrize("model,dtype", [("bert-tiny", "fp16"), ("siglip-tiny", "fp8")])
+def test_a_second_compile_at_a_batch_lowers_the_stored_recipe_once(folder, tmp_path, monkeypatch, model, dtype):
+    """A compile at a fixed batch stores the Recipe of the plan it grew; the next one lowers it once (fp8: once with
+    all-zero scales, once again with the calibrated ones, as a calibrating compile does) and makes the same Program.
+    An entry that is not a Recipe is planned again, and replaced."""
+    from tremula import pipeline
+    from tremula.compiler import PLAN_ENTRY
+
+    lowered = []
+    real = pipeline._lowered
+    monkeypatch.setattr(pipeline, "_lowered", lambda *a, **k: lowered.append(1) or real(*a, **k))
+    chip = load_chip("c600")
+    cold = compile_model(model, chip, 4, dtype)
+    first = len(lowered)
+    (entry,) = (folder / PLAN_ENTRY).glob("*.json")
+    lowered.clear()
+    with pytest.warns(TremulaNotice, match="plan's choices from the cache"):
+        warm = compile_model(model, chip, 4, dtype)
+    assert len(lowered) == (2 if dtype == "fp8" else 1) < first  # (cold: the budgets tried and growth steps)
+    assert warm.cycles == cold.cycles
+    assert _compiled_bytes(warm, tmp_path / "warm") == _compiled_bytes(cold, tmp_path / "cold")
+    good = entry.read_text()
+    entry.write_text(good.replace('"budget"', '"budgets"'))
+    lowered.clear()
+    again = compile_model(model, chip, 4, dtype)
+    assert len(lowered) == first and entry.read_text() == good
+    assert _compiled_bytes(again, tmp_path / "again") == _compiled_bytes(cold, tmp_path / "cold")

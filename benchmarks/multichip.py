@@ -18,8 +18,8 @@ import os
 import resource
 import time
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: FP8 scales calibrated, not
-# taken from an earlier run (src/tremula/cache.py)
+os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
+# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
 
 from tremula.multichip import compile_system
 from tremula.target.system import load_system

@@ -17,8 +17,8 @@ import os
 import resource
 import time
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: FP8 scales calibrated, not
-# taken from an earlier run (src/tremula/cache.py)
+os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
+# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
 
 from tremula.compiler import compile_model
 from tremula.frontends import load_model

@@ -6,13 +6,14 @@ onnxruntime and torch read it when they load. A serial run (`-n 0`) keeps every 
 xdist workers start with COLUMNS=80 in their environment; the CLI reads COLUMNS as the user's wish for a width, so a
 worker drops it unless the run itself had it.
 
-The FP8 calibration cache is off for the whole suite (set at import, so the xdist workers inherit it)."""
+The cache of earlier runs' results is off for the whole suite (set at import, so the xdist workers inherit it)."""
 
 import os
 
 _NO_COLUMNS = "TREMULA_TESTS_WITHOUT_COLUMNS"
-# Every test computes what it checks: no FP8 scales from an earlier run's cache (src/tremula/cache.py), and nothing
-# written to the user's cache. The cache's own tests point it at a folder of their own.
+# Every test computes what it checks: no FP8 scales, plan or --batch auto answer from an earlier run's cache
+# (src/tremula/cache.py), and nothing written to the user's cache. The cache's own tests point it at a folder of their
+# own.
 os.environ["TREMULA_CACHE_DIR"] = "off"
 
 

@@ -22,7 +22,7 @@ LAYER_OF = {
     "sim": "backend", "timing": "backend", "report": "backend",
     **{m: "driver" for m in ("compiler", "pipeline", "batch_search", "fp8_calibration", "feeds", "check", "calibrate",
                              "limits", "cli", "__main__", "run_program", "provenance", "outputs", "user_inputs",
-                             "ort_oracle", "model_info", "stages", "multichip")},
+                             "ort_oracle", "model_info", "stages", "multichip", "cache")},
 }
 # What each layer may import besides itself.
 MAY_IMPORT = {

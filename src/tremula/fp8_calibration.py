@@ -43,9 +43,10 @@ def calibration_job(build, graph: Graph | None, calibration: dict[str, np.ndarra
                     ) -> Callable[..., dict[str, int]]:
     """What `calibrate` computes, as a function to run later (compile's --batch auto runs it beside the batch
     search; it takes fp8_scales's `threads`), with everything that can refuse the user's inputs done now: the user's
-    arrays are checked against the
-    model at its own batch first (names, shapes, samples), then the model at their number of samples against the
-    host's memory (types only), and only then are their values read (kinds, finiteness, ids)."""
+    arrays are checked against the model at its own batch first (names, shapes, samples), then the model at their
+    number of samples against the host's memory (types only), and only then are their values read (kinds,
+    finiteness, ids). Scales an earlier run stored for the same model, inputs and code come back as a Stored job
+    (cache.py), which computes nothing."""
     if not calibration:
         if build is None:
             assert graph is not None

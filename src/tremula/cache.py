@@ -1,9 +1,15 @@
-"""Results kept on disk between runs, keyed by everything they are computed from: the FP8 calibration's scales.
+"""Results kept on disk between runs, keyed by everything they are computed from: FP8 scales, plans, --batch auto.
 
-Calibrating FP8 runs the model in float32 on four samples, the longest part of an FP8 compile of a large model
-(SigLIP so400m: 2.4 TFLOP, about 27 s on two cores, 35 s on one). Its scales are a pure function of the model (its
-graph and weights), the calibration inputs and tremula's code, so a second compile or check of the same model takes
-them from here, as TensorRT keeps an INT8 calibration cache and JAX a compilation cache.
+Three results take most of a compile's time and are pure functions of its inputs, so a second compile or check with
+the same inputs takes them from here (as TensorRT keeps an INT8 calibration cache and JAX a compilation cache), and a
+note says so:
+- "fp8-scales" (fp8_calibration.py): the FP8 activation scales. Calibrating runs the model in float32 on four samples,
+  the longest part of an FP8 compile of a large model (SigLIP so400m: 2.4 TFLOP, about 27 s on two cores).
+- "plans" (compiler._grown_plan): the Recipe (plan/plan.py: the few choices a plan is lowered from) of the plan a
+  compile at a fixed batch grew, after trying budgets and growth steps; lowered once from it, the plan is the same.
+- "batch-auto" (compiler._auto): --batch auto's answer (the batch, the largest, the rates) and its plan's Recipe.
+Each also keys the chip (every constant of it), the options (dtype, partials, weights; the FP8 scales a plan was
+lowered with) and, for --batch auto, the host's memory, which bounds the batches it plans.
 
 The key is a sha256 over: what the entry is and its format version; tremula's own source files (every .py of the
 package, so any change to the code makes new keys); the NumPy, ml_dtypes and BLAS versions that computed it; the
@@ -16,7 +22,8 @@ not cached.
 Where: $TREMULA_CACHE_DIR, else $XDG_CACHE_HOME/tremula, else ~/.cache/tremula; TREMULA_CACHE_DIR set to "" or "off"
 turns the cache off (the test suite and the benchmarks that time compiles do). An entry is a small JSON file written
 whole (to a temporary file, then renamed), so a reader never sees half of one; an entry that cannot be read or
-written is a miss, never an error: the cache only saves time.
+written is a miss, never an error: the cache only saves time. Entries take a few KB each and are never evicted
+(a new tremula makes new keys and leaves the old entries unread): delete the folder to empty it.
 """
 
 from __future__ import annotations

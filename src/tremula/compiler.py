@@ -526,10 +526,11 @@ def _auto(build, chip, dt: str, dtype: str, progress: Progress | None,
             shared_only = _shared_only(found, largest, batch)
     auto = {"largest": largest, "rates": dict(sorted(rates.items())),
             "grown": sorted({b for b in found.get("grown", ()) if b in rates} | {batch})}
-    if planned is not None and planned.fits and recipe_of(planned.state) is not None:
+    recipe = recipe_of(planned.state) if planned is not None and planned.fits else None
+    if recipe is not None:
         k = k if dt != "fp8" or known is not None else _auto_key(digest, chip, dt, scales, partials, asked)
         cache.store(AUTO_ENTRY, k, {"batch": batch, "auto": auto, "shared_only": shared_only,
-                                    "recipe": asdict(recipe_of(planned.state)), "graph": graph.name})
+                                    "recipe": asdict(recipe), "graph": graph.name})
     return batch, graph, planned, auto, shared_only, scales
 
 

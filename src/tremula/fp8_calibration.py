@@ -92,9 +92,10 @@ def _cached(g: Graph, feeds: dict[str, np.ndarray] | None) -> Callable[..., dict
     hit = cache.load(SCALES_ENTRY, k)
     scales = hit.get("scales") if hit is not None else None
     if isinstance(scales, dict) and all(isinstance(v, int) for v in scales.values()):
-        notice(f"FP8 scales from the cache (calibrated on {hit.get('samples', '?')} samples in "
-               f"{hit.get('seconds', 0):.1f} s by an earlier run: {cache.cache_dir()}; {cache.ENV}=off calibrates "
-               "again)")
+        took = hit.get("seconds")  # (told only: an entry's other fields are not trusted to be numbers)
+        took = f" in {took:.1f} s" if isinstance(took, (int, float)) else ""
+        notice(f"FP8 scales from the cache (calibrated on {hit.get('samples', '?')} samples{took} by an earlier run: "
+               f"{cache.cache_dir()}; {cache.ENV}=off calibrates again)")
         return Stored(scales)
 
     def job(threads=None) -> dict[str, int]:

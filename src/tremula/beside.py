@@ -42,7 +42,10 @@ def beside(fn: Callable[..., Any], *args, name: str = "tremula-beside", process:
 
     process=True (where the platform can fork): in a forked daemon process instead, its result (or error) pickled back
     through a pipe: the two share no interpreter lock. SigLIP so400m fp8's simulation took 43.7 s alone and 49.6-62 s
-    beside its references on a thread. What fn changes in memory stays in the child."""
+    beside its references on a thread. What fn changes in memory stays in the child.
+
+    The function returned has a `cancel()`: a result no longer wanted is not waited for (a process is ended, a
+    thread left to finish on its own); calling the function after it raises."""
     if process and can_fork():
         return _in_process(fn, args, name)
     box: dict = {}
@@ -61,6 +64,8 @@ def beside(fn: Callable[..., Any], *args, name: str = "tremula-beside", process:
 
     def result():
         nonlocal collected
+        if box.get("cancelled"):
+            raise TremulaError(f"{name}: cancelled")
         thread.join()
         if not collected:
             collected = True
@@ -69,6 +74,14 @@ def beside(fn: Callable[..., Any], *args, name: str = "tremula-beside", process:
             raise box["error"]
         return box["value"]
 
+    def cancel():
+        nonlocal collected
+        box["cancelled"] = True
+        if not collected:  # (its switch interval is restored now: nothing will collect it)
+            collected = True
+            sys.setswitchinterval(_running.pop())
+
+    result.cancel = cancel  # type: ignore[attr-defined]
     return result
 
 
@@ -109,4 +122,12 @@ def _in_process(fn: Callable[..., Any], args: tuple, name: str) -> Callable[[], 
             raise box["error"]
         return box["value"]
 
+    def cancel():
+        if not box:
+            proc.terminate()
+            proc.join()
+            receive.close()
+            box["error"] = TremulaError(f"{name}: cancelled")
+
+    result.cancel = cancel  # type: ignore[attr-defined]
     return result

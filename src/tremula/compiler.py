@@ -242,34 +242,58 @@ def _shared_only(found: dict, largest: int, batch: int) -> bool:
 
 
 def _largest_calibrated(build, chip, dt: str, fits: int, largest: int, found: dict, scales: dict[str, int],
-                        partials: str, weights: str, progress: Progress | None, parallel: bool = False) -> int:
+                        partials: str, weights: str, progress: Progress | None, parallel: bool = False,
+                        top: Callable[[], bool] | None = None) -> int:
     """The largest batch up to the `largest` a search with all-zero FP8 scales found that still fits with the
     calibrated `scales` (zeros patch no scale field of a shared layer, so a plan can fit with them and not with
     calibrated ones), knowing that batch `fits` does: `largest` first, then the one below it (a plan that tips over
     with the scales' patches was within a few KB of full), then halving the batches between. parallel: the first
     two are planned at once, `largest` in a forked process beside this one (beside.py; the calibration has ended,
     so a core is free): SigLIP so400m fp8, whose 11 does not fit with its scales (7.7 s, its budgets tried in turn)
-    and 10 does (1.9 s), took 9.3 s one after the other, 7.9 s at once."""
+    and 10 does (1.9 s), took 9.3 s one after the other, 7.9 s at once. top: `largest` planned so already
+    (_confirm_beside, started before `fits` was known), its result to wait for (or cancel, when `fits` is `largest`)."""
 
     def ok(b: int, tell: bool = True) -> bool:
         if progress and tell:  # (not from the forked process: one progress bar)
             progress("confirm", 0, 1)
-        return fits_at(build, chip, dt, b, scales, shared_only=_shared_only(found, largest, b), partials=partials,
-                       weights=weights)[0]
+        return _fits_calibrated(build, chip, dt, b, found, largest, scales, partials, weights)
 
+    if fits >= largest:
+        if top is not None:
+            top.cancel()  # type: ignore[attr-defined]
+        return fits
     lo, hi, b = fits, largest + 1, largest
-    if parallel and largest - 1 > fits:
+    if top is None and parallel and largest - 1 > fits:
         top = beside(ok, largest, False, name="tremula-confirm", process=True)
-        below = ok(largest - 1)
+    if top is not None:
+        below = ok(largest - 1) if largest - 1 > fits else None
         if top():
             return largest
-        lo, hi = (largest - 1, largest) if below else (fits, largest - 1)
+        lo, hi = (fits, largest) if below is None else (largest - 1, largest) if below else (fits, largest - 1)
         b = (lo + hi) // 2
     while hi - lo > 1:
         fit = ok(b)
         lo, hi = (b, hi) if fit else (lo, b)
         b = hi - 1 if not fit and b == largest else (lo + hi) // 2
     return lo
+
+
+def _fits_calibrated(build, chip, dt: str, b: int, found: dict, largest: int, scales: dict[str, int], partials: str,
+                     weights: str) -> bool:
+    """Whether batch b fits with the calibrated FP8 `scales` (after a search that found `largest`)."""
+    return fits_at(build, chip, dt, b, scales, shared_only=_shared_only(found, largest, b), partials=partials,
+                   weights=weights)[0]
+
+
+def _confirm_beside(build, chip, dt: str, found: dict, largest: int, scales: dict[str, int], partials: str,
+                    weights: str) -> Callable[[], bool]:
+    """Batch `largest` planned with the calibrated FP8 `scales` in a forked process (beside.py), started as soon as
+    the scales are at hand, while this process grows the search's other fastest batches (_fastest_grown's `between`):
+    _largest_calibrated waits for it. SigLIP so400m fp8 --batch auto: its 11, which does not fit with the scales
+    (8.3 s), ran after the growths and beside the lowering of batch 8 with the scales and the confirm of 10; now
+    beside the growth of 4 too."""
+    return beside(_fits_calibrated, build, chip, dt, largest, found, largest, scales, partials, weights,
+                  name="tremula-confirm", process=True)
 
 
 def _calibration_beside(job: Callable[..., dict[str, int]]) -> Callable[[], dict[str, int]]:
@@ -367,7 +391,8 @@ def _calibrated(graph: Graph, chip, dt: str, plan: Plan, scales: dict[str, int],
 
 
 def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict, largest: int,
-                   scales: dict[str, int] | None, zeros: bool, partials: str, weights: str, parallel: bool = False):
+                   scales: dict[str, int] | None, zeros: bool, partials: str, weights: str, parallel: bool = False,
+                   between: Callable[[], None] | None = None):
     """--batch auto's choice among the batches a search planned (`found`, find_max_batch's): the AUTO_GROWN it ranks
     fastest (their plans grown one step) each grown fully, as a compile at that batch grows its plan (the search's
     kept plan, or the plan made again from its recipe, grown on: pipeline.grown_on; else planned again), and the
@@ -376,7 +401,9 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     `scales`: the FP8 scales to plan with, or all zeros (`zeros`: planning beside the calibration). parallel: the
     second is grown in a forked process beside the first (beside.py) and, when it is the faster, made again here
     from its recipe: the same plan (BERT-base fp16 batches 128 and 148: 7.9 s one after the other, from the plans
-    the search kept, 5.6-5.9 s side by side, from their recipes)."""
+    the search kept, 5.6-5.9 s side by side, from their recipes). between: called once the first is grown, before
+    the others (beside the FP8 calibration: it waits for the scales, then starts work that needs them beside the
+    growths left)."""
     rates, kept, made = found["rates"], found.pop("plans", {}), found.pop("made", {})
     plan_scales = zero_scales if zeros else (lambda graph: scales)
 
@@ -412,11 +439,15 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     if parallel and len(order) > 1:
         b2 = order.pop()
         second = (b2, beside(grown_beside, b2, name="tremula-grow", process=True))
-    for b in order:
+    for i, b in enumerate(order):
+        if i == 1 and between is not None:
+            between()
         graph, plan = grown(b, progress)
         if faster(b, ranked(b, plan)):
             best = (b, graph, plan)
         plan = None
+    if len(order) < 2 and between is not None:
+        between()
     if second is not None:
         b, result = second
         rate, recipe = result()
@@ -498,8 +529,18 @@ def _auto(build, chip, dt: str, dtype: str, progress: Progress | None,
     # (side by side only with every weight resident: a plan that streams has no recipe, and is priced from its
     # Program, gigabytes made in a forked process and in one whose pages it shares: SigLIP so400m fp16's two took
     # 10.2 and 16.0 s so, its whole choice 9.4 s one after the other)
+    # FP8: once the first is grown, the scales are waited for, and the largest is planned with them (_confirm_beside)
+    # beside the growth of the others, when a core is free for it.
+    confirm = None
+
+    def between() -> None:
+        nonlocal confirm
+        if forks and largest > 1:
+            confirm = _confirm_beside(build, chip, dt, found, largest, calibrating(), partials, weights)
+
     chosen = _fastest_grown(build, chip, dt, progress, found, largest, scales, calibrating is not None,
-                            partials, weights, parallel and weights == "resident")
+                            partials, weights, parallel and weights == "resident",
+                            between if calibrating is not None and not isinstance(calibrating, Stored) else None)
     batch, graph, planned = chosen if chosen is not None else (max(rates, key=lambda b: (rates[b], b)), None, None)
     chosen = None
     graph = graph if graph is not None else _exact(build, batch)
@@ -511,11 +552,13 @@ def _auto(build, chip, dt: str, dtype: str, progress: Progress | None,
             planned = _calibrated(graph, chip, dt, planned, scales, partials, weights, shared_only, progress)
         if planned is not None and planned.fits:  # the largest then is at least the batch compiled
             largest = _largest_calibrated(build, chip, dt, batch, largest, found, scales, partials, weights,
-                                          progress, forks)  # (the calibration has ended)
+                                          progress, forks, confirm)  # (the calibration has ended)
             rates = {b: r for b, r in rates.items() if b <= largest}
         else:
             # the plan chosen no longer fits with the calibrated scales: search again with them (slower, and not
             # seen on the zoo models)
+            if confirm is not None:
+                confirm.cancel()  # type: ignore[attr-defined]
             planned = None
             found = {"rates": {}}
             largest = find_max_batch(build, chip, dt, progress=progress, scales=scales, found=found,

@@ -303,6 +303,23 @@ def test_fp8_auto_searches_again_when_the_plan_chosen_does_not_fit_with_the_cali
     assert (res.cycles, res.peak_tile_bytes, res.strategies) == (alone.cycles, alone.peak_tile_bytes, alone.strategies)
 
 
+def test_fp8_auto_confirms_the_largest_beside_the_growths_after_the_first(monkeypatch):
+    """Beside the calibration, --batch auto grows its fastest batch, then waits for the scales and plans the search's
+    largest with them beside the growth of the next: the confirm starts between the two growths, and the answer and
+    Program are a compile's that confirms after them (the same searches, the same plans)."""
+    import tremula.compiler as compiler
+
+    events = []
+    grow, confirm = compiler.grown_on, compiler._confirm_beside
+    monkeypatch.setattr(compiler, "grown_on", lambda *a, **k: events.append("grow") or grow(*a, **k))
+    monkeypatch.setattr(compiler, "_confirm_beside", lambda *a, **k: events.append("confirm") or confirm(*a, **k))
+    res = compile_model("siglip-tiny", "c600", "auto", "fp8")
+    assert events[:3] == ["grow", "confirm", "grow"]
+    monkeypatch.setattr(compiler, "_confirm_beside", lambda *a, **k: None)  # (the confirm after the growths)
+    after = compile_model("siglip-tiny", "c600", "auto", "fp8")
+    assert (res.batch, res.auto, res.cycles) == (after.batch, after.auto, after.cycles)
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("last,probes", [(11, [11]), (10, [11, 10]), (9, [11, 10, 9]), (8, [11, 10, 9])])
 def test_the_largest_with_calibrated_scales_is_found_below_the_search_largest(monkeypatch, last, probes, parallel):

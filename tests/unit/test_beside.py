@@ -60,3 +60,29 @@ def test_in_a_forked_process():
     with pytest.raises(TremulaError, match="ended without a result \\(exit code 3\\)"):
         beside(_exit_now, process=True)()
     assert sys.getswitchinterval() > SWITCH_INTERVAL  # a process takes no turns at this interpreter's lock
+
+
+def _sleep_long():
+    import time
+
+    time.sleep(60)
+    return "late"
+
+
+@pytest.mark.parametrize("process", [False, True])
+def test_a_result_no_longer_wanted_is_cancelled(process):
+    """cancel(): a process is ended at once (not waited for), a thread left to finish; the result then raises, and the
+    switch interval a thread set is restored."""
+    import time
+
+    before = sys.getswitchinterval()
+    t = time.perf_counter()
+    result = beside(_sleep_long if process else (lambda: "soon"), process=process)
+    result.cancel()
+    assert time.perf_counter() - t < 30  # (a process sleeping 60 s was not waited for)
+    with pytest.raises(TremulaError, match="cancelled"):
+        result()
+    assert sys.getswitchinterval() == before
+    done = beside(lambda: 7, process=process)
+    assert done() == 7
+    done.cancel()  # (after its result: nothing to end)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tremula.ir.layers import LayerKey, node_key
+from tremula.plan.exchange import SymTransfers
 from tremula.plan.state import BufSpec, SymConst, SymGroup, SymStep
 
 I64 = np.int64
@@ -53,6 +54,16 @@ def _differs(x, y) -> bool:
         return bool(x != y)
     except ValueError:  # arrays
         return not np.array_equal(x, y)
+
+
+def _renamed(bmaps: dict, ids: np.ndarray) -> np.ndarray:
+    """Buffer ids renamed by the map (template id -> the layer's), in the ids' own dtype: bmaps holds the map in each
+    dtype asked for (made from its int64 one), so a table's million ids are gathered once, not gathered and then
+    converted."""
+    m = bmaps.get(ids.dtype)
+    if m is None:
+        m = bmaps[ids.dtype] = bmaps[np.dtype(I64)].astype(ids.dtype)
+    return m[ids]
 
 
 def _rename_key(d: str, k: str, nmap: dict, vmap: dict) -> str | None:
@@ -187,7 +198,8 @@ class LayerReplay:
         for c in self.consts[t.c0:t.c1]:
             self.consts.append(SymConst(vmap[c.name], c.tiles, int(bmap[c.buf]), c.rels, c.r0, c.r1, c.c0, c.c1,
                                         c.dtype))
-        copies = [self._replay_step(s, nmap, vmap, bmap, nodes) for s in self.steps[t.t0:t.t1]]
+        bmaps = {np.dtype(I64): bmap}
+        copies = [self._replay_step(s, nmap, vmap, bmaps, nodes) for s in self.steps[t.t0:t.t1]]
         self.steps[-1:] = copies  # the layer's first step is the empty one _enter opened
         for d in _DICTS:
             target = getattr(self, d)
@@ -203,7 +215,8 @@ class LayerReplay:
         return True
 
     @staticmethod
-    def _replay_step(s: SymStep, nmap, vmap, bmap, nodes) -> SymStep:
+    def _replay_step(s: SymStep, nmap, vmap, bmaps, nodes) -> SymStep:
+        bmap = bmaps[np.dtype(I64)]
         groups = []
         for g, o in zip(s.groups, s.group_owners):
             params = g.params
@@ -214,8 +227,9 @@ class LayerReplay:
                 for col, a in cols:
                     params[:, col] = int(attrs[a])
             groups.append(SymGroup(g.codelet, g.dtypes, g.tiles, params, bmap[g.bufs], g.rels, g.shapes))
-        transfers = [dataclasses.replace(x, src_buf=bmap[x.src_buf].astype(x.src_buf.dtype),
-                                         d_buf=bmap[x.d_buf].astype(x.d_buf.dtype)) for x in s.transfers]
+        transfers = [SymTransfers(x.src_tile, _renamed(bmaps, x.src_buf), x.src_rel, x.rows, x.row_bytes, x.src_stride,
+                                  x.dst_start, x.d_tile, _renamed(bmaps, x.d_buf), x.d_rel, x.d_stride)
+                     for x in s.transfers]
         origin, label = s.origin, s.label
         if origin is not None:  # a compute step's label is "<op> <value>[ <phase>][ (<round>)]"
             words = label.split(" ", 2)

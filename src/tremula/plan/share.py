@@ -76,34 +76,17 @@ def patch_columns(ga, gb, is_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(is_w[ga.bufs].any(axis=0)), np.flatnonzero((ga.params != gb.params).any(axis=0))
 
 
-def _key(b: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """A (b, a) buffer pair as one int64, so that pairs can be made unique in one dimension (fast)."""
-    return (np.asarray(b, I64).reshape(-1) << 32) | np.asarray(a, I64).reshape(-1)
-
-
-def _pairs(b: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """The distinct (b, a) pairs of two buffer-id arrays of one shape, as _key values. Most columns name one buffer
-    throughout (an operand of every vertex, the source of every transfer): those need no hashing."""
-    b, a = np.asarray(b), np.asarray(a)
-    if b.ndim == 2:
-        return np.concatenate([_pairs(b[:, j], a[:, j]) for j in range(b.shape[1])]) if b.shape[1] else \
-            np.zeros(0, I64)
-    if len(b) and b.min() == b.max() and a.min() == a.max():
-        return _key(b[:1], a[:1])
-    return np.unique(_key(b, a))
-
-
 def _same(x: np.ndarray, y: np.ndarray) -> bool:
     return x is y or np.array_equal(x, y)  # (a layer copied from its template shares its arrays: plan/replay.py)
 
 
 def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
-    """Compare layer b's items with template a's: (step shift, buffer pairs [n, 2] as (b, a)) or None when they
-    differ."""
+    """Compare layer b's items with template a's: (step shift, buffer pairs [n, 2] as (b, a) in order of b) or None
+    when they differ."""
     if len(a) != len(b) or not a:
         return None
     shift = b[0][0] - a[0][0]
-    pairs = []
+    named = []  # (the buffer ids an item of layer b names, the template's in the same places)
     for (ka, kind, ia), (kb, kind_b, ib) in zip(a, b):
         if kind != kind_b or kb - ka != shift:
             return None
@@ -113,19 +96,26 @@ def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
                     any(not _same(getattr(ga, f), getattr(gb, f)) for f in _GROUP_SAME) or \
                     ga.bufs.shape != gb.bufs.shape:
                 return None
-            pairs.append(_pairs(gb.bufs, ga.bufs))
+            named.append((gb.bufs, ga.bufs))
         else:
             ta, tb = state.steps[ka].transfers[ia], state.steps[kb].transfers[ib]
             if len(ta) != len(tb) or len(ta.d_tile) != len(tb.d_tile) or \
                     any(not _same(getattr(ta, f), getattr(tb, f)) for f in _TABLE_SAME):
                 return None
-            pairs.append(_pairs(tb.src_buf, ta.src_buf))
-            pairs.append(_pairs(tb.d_buf, ta.d_buf))
-    u = np.unique(np.concatenate(pairs))
-    pairs = np.stack([u >> 32, u & 0xFFFFFFFF], axis=1)
-    # one-to-one, and each buffer like its counterpart: same kind, tiles and bytes
-    if len(np.unique(pairs[:, 0])) != len(pairs) or len(np.unique(pairs[:, 1])) != len(pairs):
+            named += [(tb.src_buf, ta.src_buf), (tb.d_buf, ta.d_buf)]
+    # The pairs must be one-to-one. b -> a is a function when, after writing every pair into a table indexed by b
+    # (of repeated b's, one write wins), reading the table back gives every a; it is one-to-one when the a's of the
+    # distinct b's differ. No sort: a layer's items name a few hundred buffers in a million places.
+    fwd = np.full(len(state.bufs), -1, I64)
+    for mine, theirs in named:
+        fwd[mine] = theirs
+    if any((fwd[mine] != theirs).any() for mine, theirs in named):
         return None
+    bs = np.flatnonzero(fwd >= 0)
+    pairs = np.stack([bs, fwd[bs]], axis=1)
+    if len(np.unique(pairs[:, 1])) != len(pairs):
+        return None
+    # and each buffer like its counterpart: same kind, tiles and bytes
     for pb, pa in pairs.tolist():
         sa, sb = state.bufs[pa], state.bufs[pb]
         if is_w[pa] != is_w[pb] or not (_same(sa.tiles, sb.tiles) and _same(sa.sizes, sb.sizes)):
@@ -186,13 +176,22 @@ def _whole_steps(sh: Sharing, state: LoweringState, is_w: np.ndarray) -> None:
     sh.template_tables = {(t, i) for t in set(calls.values()) for i in range(len(state.steps[t].transfers))}
     sh.patch_bytes = np.zeros(state.T, I64)
     sh.call_words, sh.call_base = {}, {}
+    of_template: dict[int, tuple] = {}  # what a call's words and base take from its template step alone
     for k, t in calls.items():
+        if t not in of_template:
+            groups = state.steps[t].groups
+            base = np.zeros(state.T, bool)
+            for tt in state.steps[t].transfers:
+                base[tt.src_tile[is_w[tt.src_buf]]] = True
+            of_template[t] = ([np.bincount(ga.tiles, minlength=state.T).astype(I64) for ga in groups],
+                              [int(is_w[ga.bufs].any(axis=0).sum()) for ga in groups], base)
+        counts, weight_fields, base = of_template[t]
         words = np.zeros(state.T, I64)
-        for ga, gb in zip(state.steps[t].groups, state.steps[k].groups):
-            words += np.bincount(ga.tiles, minlength=state.T).astype(I64) * sum(map(len, patch_columns(ga, gb, is_w)))
-        base = np.zeros(state.T, bool)
-        for tt in state.steps[t].transfers:
-            base[tt.src_tile[is_w[tt.src_buf]]] = True
+        for ga, gb, n, w in zip(state.steps[t].groups, state.steps[k].groups, counts, weight_fields):
+            # patch_columns' fields: the weight pointers (the template's), and the parameters that differ
+            params = 0 if ga.params is gb.params else int((ga.params != gb.params).any(axis=0).sum())
+            if w + params:
+                words += n * (w + params)
         sh.call_words[k], sh.call_base[k] = words, base
         sh.patch_bytes += words * PATCH_WORD_BYTES
 

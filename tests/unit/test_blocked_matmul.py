@@ -75,3 +75,51 @@ def test_attention_by_sample_is_the_whole_batch(mask_shape):
             y = m(node)(args, {"scale": 0.25})[0]
             m.close()
             assert np.array_equal(y, want)
+
+
+def test_the_calibration_makes_its_seeded_weights_ahead_only_on_a_second_core(monkeypatch):
+    """While threads() is 1 (the planner beside holds the other core) no weight is made ahead of the interpreter;
+    from two threads on, a thread of its own makes them in the order the graph reads them, each once, and the scales
+    are the ones one thread gives."""
+    import threading
+    import time
+
+    from tremula.ir.graph import LazyInit
+    from tremula.passes.precision import _Prefetch
+
+    g = load_model("vit-tiny", 4)
+    lazy = [c for c in g.constants.values() if isinstance(c.init, LazyInit)]
+    assert lazy
+    waiting = _Prefetch(g, lambda: 1)
+    time.sleep(0.3)
+    waiting.close()
+    assert all(c.is_lazy for c in lazy)
+
+    made, real = [], LazyInit._make
+    lock = threading.Lock()
+
+    def counted(self, ttype):
+        with lock:
+            made.append((self, ttype.shape))
+        return real(self, ttype)
+
+    monkeypatch.setattr(LazyInit, "_make", counted)
+    scales = fp8_scales(g, threads=lambda: 2)
+    assert not any(c.is_lazy for c in lazy) and len(made) == len(set(made))  # (each made once, by either thread)
+    monkeypatch.undo()
+    assert fp8_scales(load_model("vit-tiny", 4), threads=lambda: 1) == scales
+
+
+def test_two_threads_asking_for_one_lazy_constant_get_one_array():
+    import threading
+
+    from tremula.ir.graph import Constant, LazyInit, TensorType
+
+    c = Constant("w", TensorType((512, 512), "float32"), init=LazyInit("normal", seed=12345, std=0.5))
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(c.value())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(x is got[0] for x in got) and not c.is_lazy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 import zlib
 from collections.abc import Callable, Iterator
@@ -66,9 +67,12 @@ class LazyInit:
         key = (self, ttype.shape, ttype.dtype)
         x = _MADE.get(key)
         if x is None:
-            x = self._make(ttype)
-            x.flags.writeable = False  # (shared: an in-place change would change every graph's weights)
-            _MADE[key] = x
+            with _making(key):  # (a second thread asking for them meanwhile waits for these, made once)
+                x = _MADE.get(key)
+                if x is None:
+                    x = self._make(ttype)
+                    x.flags.writeable = False  # (shared: an in-place change would change every graph's weights)
+                    _MADE[key] = x
         if _HELD:
             _HELD[0].append(x)
         return x
@@ -96,6 +100,20 @@ class LazyInit:
 
 _MADE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (init, shape, dtype) -> values, see LazyInit.make
 _HELD: list[list[np.ndarray]] = []  # the seeded values made inside the open sharing_weights blocks (outermost first)
+_LOCKS: dict[tuple, threading.Lock] = {}  # key of _MADE -> the lock its maker holds, while one does
+_LOCKS_LOCK = threading.Lock()
+
+
+@contextmanager
+def _making(key: tuple) -> Iterator[None]:
+    """Held while the values of `key` are made: the FP8 calibration makes the weights it reads next on a second
+    thread (passes/precision.calibration_scales) while its interpreter may ask for them."""
+    with _LOCKS_LOCK:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        yield
+    with _LOCKS_LOCK:
+        _LOCKS.pop(key, None)
 
 
 @contextmanager
@@ -193,12 +211,17 @@ class Constant:
         return self.data is None
 
     def value(self) -> np.ndarray:
-        """The values, made (and cached) if lazy."""
-        if self.data is None:
-            assert self.init is not None
-            self.data = self.init.make(self.type)
+        """The values, made (and cached) if lazy. Two threads may ask at once: the data is set before the init is
+        dropped, so one that finds no init finds the data."""
+        data = self.data
+        if data is None:
+            init = self.init
+            if init is None:
+                return self.data  # type: ignore[return-value]  (made by another thread meanwhile)
+            data = init.make(self.type)
+            self.data = data
             self.init = None
-        return self.data
+        return data
 
     @staticmethod
     def of(name: str, array: np.ndarray) -> Constant:

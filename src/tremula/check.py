@@ -15,7 +15,9 @@ from tremula.beside import beside, usable_cores
 from tremula.compiler import CompileResult, ModelSpec, builder, compile_model
 from tremula.errors import TremulaError
 from tremula.feeds import make_feeds
-from tremula.ir.graph import Graph, model_batch, sharing_weights
+from tremula.frontends import load_model
+from tremula.frontends.zoo import zoo_choice
+from tremula.ir.graph import Graph, make_values, model_batch, sharing_weights
 from tremula.ir.interp import run
 from tremula.pipeline import Progress, canonical
 
@@ -179,6 +181,12 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
         raise TremulaError("--expected needs --inputs: expected outputs are for the inputs you give")
     if inputs is not None:  # every check of the user's arrays before the compile, which can take minutes
         batch, graph, user, expected = _user_arrays(model, build, batch, inputs, expected)
+    cores = usable_cores()
+    if isinstance(model, str) and zoo_choice(model) is not None:
+        # A zoo model's seeded weights made now, on every core, and held (sharing_weights): the FP8 calibration, a
+        # process forked from this one, and the graphs compiled and checked read them instead of each making them on
+        # one core (SigLIP so400m fp8 batch 1: 8.4 s in the calibration, and again here after the compile).
+        make_values(load_model(model, batch=1, seq_len=seq_len).constants.values(), cores)
     res = compile_model(model, chip, batch, dtype, seq_len, progress, calibration=calibration, partials=partials,
                         weights=weights)
     if inputs is None:
@@ -188,9 +196,8 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
     # The references do not read the simulation: on two cores they run beside it (SigLIP so400m fp8: the simulation
     # and the references are each about a minute). The planned graph's weights are made first: a forked references
     # process inherits them, and two threads never make the same lazy constant at once.
-    for c in res.graph.constants.values():
-        c.value()
-    two = usable_cores() > 1  # (the cores this process may run on: a container or taskset can allow one of many)
+    make_values(res.graph.constants.values(), cores)
+    two = cores > 1  # (the cores this process may run on: a container or taskset can allow one of many)
     # One BLAS thread each while the two run: OpenBLAS's own two threads per call on top of two callers slowed both
     # about 2x on two cores (SigLIP so400m fp8: 182 s for the check, 141 s with one BLAS thread each)
     with threadpool_limits(1) if two else contextlib.nullcontext():

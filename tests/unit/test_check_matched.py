@@ -125,3 +125,27 @@ def test_the_references_run_beside_the_simulation_only_where_a_second_core_is_us
     res = check.check_model("bert-tiny", "c600", 1, "fp16")
     assert res.passed
     assert started == (["tremula-references"] if cores > 1 else [])
+
+
+def test_a_zoo_models_weights_are_made_before_its_compile_and_shared_with_it(monkeypatch):
+    """check_model makes a zoo model's seeded weights before the compile (on every core) and holds them: the graphs
+    built after (the compile's, the FP8 calibration's at four samples, forked or not, the checked one) read those
+    arrays, and none is made again."""
+    import tremula.check as check
+    import tremula.ir.graph as graph_mod
+    from tremula.frontends import load_model
+
+    made, real_make = [], graph_mod.LazyInit._make
+    monkeypatch.setattr(graph_mod.LazyInit, "_make", lambda self, t: made.append((self, t.shape)) or real_make(self, t))
+    at_compile = []
+    real_compile = check.compile_model
+
+    def compile_model(model, *a, **k):
+        lazy = [c for c in load_model(model, batch=3).constants.values() if isinstance(c.init, graph_mod.LazyInit)]
+        at_compile.append((bool(lazy) and all((c.init, c.type.shape, c.type.dtype) in graph_mod._MADE for c in lazy),
+                           len(made)))
+        return real_compile(model, *a, **k)
+
+    monkeypatch.setattr(check, "compile_model", compile_model)
+    res = check.check_model("vit-tiny", "c600", 2, "fp8")
+    assert res.passed and at_compile == [(True, len(made))] and len(made) == len(set(made))

@@ -15,8 +15,6 @@ from tremula.beside import beside, usable_cores
 from tremula.compiler import CompileResult, ModelSpec, builder, compile_model
 from tremula.errors import TremulaError
 from tremula.feeds import make_feeds
-from tremula.frontends import load_model
-from tremula.frontends.zoo import zoo_choice
 from tremula.ir.graph import Graph, make_values, model_batch, sharing_weights
 from tremula.ir.interp import run
 from tremula.pipeline import Progress, canonical
@@ -181,14 +179,11 @@ def _check_model(model, chip, batch, dtype, seq_len, seed, progress, check, cali
         raise TremulaError("--expected needs --inputs: expected outputs are for the inputs you give")
     if inputs is not None:  # every check of the user's arrays before the compile, which can take minutes
         batch, graph, user, expected = _user_arrays(model, build, batch, inputs, expected)
-    cores = usable_cores()
-    if isinstance(model, str) and zoo_choice(model) is not None:
-        # A zoo model's seeded weights made now, on every core, and held (sharing_weights): the FP8 calibration, a
-        # process forked from this one, and the graphs compiled and checked read them instead of each making them on
-        # one core (SigLIP so400m fp8 batch 1: 8.4 s in the calibration, and again here after the compile).
-        make_values(load_model(model, batch=1, seq_len=seq_len).constants.values(), cores)
+    # weights_ahead: the seeded weights, which the simulation reads, made on every core before the FP8 calibration
+    # is forked (held by sharing_weights), so that it reads them too
     res = compile_model(model, chip, batch, dtype, seq_len, progress, calibration=calibration, partials=partials,
-                        weights=weights)
+                        weights=weights, weights_ahead=True)
+    cores = usable_cores()
     if inputs is None:
         graph = res.source if res.source is not None else build(res.batch)  # type: ignore[misc]
     ref_graph = canonical(graph)

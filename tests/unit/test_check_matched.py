@@ -127,25 +127,40 @@ def test_the_references_run_beside_the_simulation_only_where_a_second_core_is_us
     assert started == (["tremula-references"] if cores > 1 else [])
 
 
-def test_a_zoo_models_weights_are_made_before_its_compile_and_shared_with_it(monkeypatch):
-    """check_model makes a zoo model's seeded weights before the compile (on every core) and holds them: the graphs
-    built after (the compile's, the FP8 calibration's at four samples, forked or not, the checked one) read those
-    arrays, and none is made again."""
+def test_a_checks_weights_are_made_before_the_calibration_is_forked_and_once(monkeypatch):
+    """check_model compiles with weights_ahead: at a fixed batch the seeded weights are made on every core before the
+    FP8 calibration is forked, and held (sharing_weights), so that the calibration (in its process) and the graphs
+    checked read those arrays: none is made again in this process."""
     import tremula.check as check
+    import tremula.compiler as compiler
     import tremula.ir.graph as graph_mod
     from tremula.frontends import load_model
 
     made, real_make = [], graph_mod.LazyInit._make
     monkeypatch.setattr(graph_mod.LazyInit, "_make", lambda self, t: made.append((self, t.shape)) or real_make(self, t))
-    at_compile = []
-    real_compile = check.compile_model
+    at_fork = []
+    real_beside = compiler._calibration_beside
 
-    def compile_model(model, *a, **k):
-        lazy = [c for c in load_model(model, batch=3).constants.values() if isinstance(c.init, graph_mod.LazyInit)]
-        at_compile.append((bool(lazy) and all((c.init, c.type.shape, c.type.dtype) in graph_mod._MADE for c in lazy),
-                           len(made)))
-        return real_compile(model, *a, **k)
+    def calibration_beside(job):
+        lazy = [c for c in load_model("vit-tiny", batch=3).constants.values() if isinstance(c.init, graph_mod.LazyInit)]
+        at_fork.append((bool(lazy) and all((c.init, c.type.shape, c.type.dtype) in graph_mod._MADE for c in lazy),
+                        len(made)))
+        return real_beside(job)
 
-    monkeypatch.setattr(check, "compile_model", compile_model)
+    monkeypatch.setattr(compiler, "_calibration_beside", calibration_beside)
     res = check.check_model("vit-tiny", "c600", 2, "fp8")
-    assert res.passed and at_compile == [(True, len(made))] and len(made) == len(set(made))
+    assert res.passed and at_fork == [(True, len(made))] and len(made) == len(set(made))
+
+
+def test_a_check_the_compile_refuses_makes_no_weight(monkeypatch):
+    """The weights are made ahead only once the compile knows the batch is not refused: a batch over the lower bound
+    is refused in a line, as before, having made none."""
+    import tremula.check as check
+    import tremula.ir.graph as graph_mod
+    from tremula.limits import TooBig
+
+    made = []
+    monkeypatch.setattr(graph_mod.LazyInit, "_make", lambda self, t: made.append(self) or np.zeros(t.shape, t.dtype))
+    with pytest.raises(TooBig):
+        check.check_model("vit-tiny", "c600", 1 << 20, "fp8")
+    assert not made

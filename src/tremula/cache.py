@@ -14,8 +14,8 @@ lowered with) and, for --batch auto, the host's memory, which bounds the batches
 The key is a sha256 over: what the entry is and its format version; tremula's own source files (every .py of the
 package, so any change to the code makes new keys); the NumPy, ml_dtypes and BLAS versions that computed it; the
 graph (inputs, outputs, every node's op, operands and attributes, every value's type) and each constant's values,
-named by how they are made when lazy (a zoo model's seeded initialisers: kind, seed, mean, std, type) and by the
-sha256 of their bytes otherwise; and the calibration inputs (seeded: their seed; the user's: their bytes). A graph with
+named by how they are made when lazy (a zoo model's seeded initialisers: kind, seed, mean, std, type) and by their
+bytes otherwise; and the calibration inputs (seeded: their seed; the user's: their bytes). A graph with
 a constant that cannot be named without computing it (one derived from another by a function) has no key and is
 not cached.
 
@@ -107,9 +107,8 @@ def graph_key(h, graph: Graph) -> bool:
     for name in sorted(graph.constants):
         c = graph.constants[name]
         if c.data is not None:
-            a = np.ascontiguousarray(c.data)
-            h.update(f"const {name!r} data {hashlib.sha256(memoryview(a.reshape(-1).view(np.uint8))).hexdigest()}\0"
-                     .encode())
+            h.update(f"const {name!r} data\0".encode())
+            _value(h, c.data)
         elif isinstance(c.init, LazyInit):
             h.update(f"const {name!r} lazy {c.init!r}\0".encode())
         else:

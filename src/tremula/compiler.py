@@ -264,7 +264,7 @@ def _largest_calibrated(build, chip, dt: str, fits: int, largest: int, found: di
         return fits
     lo, hi, b = fits, largest + 1, largest
     if top is None and parallel and largest - 1 > fits:
-        top = beside(ok, largest, False, name="tremula-confirm", process=True)
+        top = _confirm_beside(build, chip, dt, found, largest, scales, partials, weights)
     if top is not None:
         below = ok(largest - 1) if largest - 1 > fits else None
         if top():
@@ -402,7 +402,7 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
     second is grown in a forked process beside the first (beside.py) and, when it is the faster, made again here
     from its recipe: the same plan (BERT-base fp16 batches 128 and 148: 7.9 s one after the other, from the plans
     the search kept, 5.6-5.9 s side by side, from their recipes). between: called once the first is grown, before
-    the others (beside the FP8 calibration: it waits for the scales, then starts work that needs them beside the
+    any other (beside the FP8 calibration: it waits for the scales, then starts work that needs them beside the
     growths left)."""
     rates, kept, made = found["rates"], found.pop("plans", {}), found.pop("made", {})
     plan_scales = zero_scales if zeros else (lambda graph: scales)
@@ -440,14 +440,12 @@ def _fastest_grown(build, chip, dt: str, progress: Progress | None, found: dict,
         b2 = order.pop()
         second = (b2, beside(grown_beside, b2, name="tremula-grow", process=True))
     for i, b in enumerate(order):
-        if i == 1 and between is not None:
-            between()
         graph, plan = grown(b, progress)
         if faster(b, ranked(b, plan)):
             best = (b, graph, plan)
         plan = None
-    if len(order) < 2 and between is not None:
-        between()
+        if i == 0 and between is not None:
+            between()
     if second is not None:
         b, result = second
         rate, recipe = result()

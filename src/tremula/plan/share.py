@@ -73,7 +73,17 @@ _TABLE_SAME = ("src_tile", "src_rel", "rows", "row_bytes", "src_stride", "dst_st
 def patch_columns(ga, gb, is_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(operand fields, parameter fields) a layer's group gb rewrites in its template's group ga before each call:
     pointers to weights (they move with the layer) and parameters that differ (FP8 scales)."""
-    return np.flatnonzero(is_w[ga.bufs].any(axis=0)), np.flatnonzero((ga.params != gb.params).any(axis=0))
+    return _weight_columns(ga, is_w), _param_columns(ga, gb)
+
+
+def _weight_columns(ga, is_w: np.ndarray) -> np.ndarray:
+    """The operand fields of template group ga that point at weights (the same for every layer that calls it)."""
+    return np.flatnonzero(is_w[ga.bufs].any(axis=0))
+
+
+def _param_columns(ga, gb) -> np.ndarray:
+    """The parameter fields where group gb differs from its template's ga (none when a replay shares the array)."""
+    return np.zeros(0, I64) if ga.params is gb.params else np.flatnonzero((ga.params != gb.params).any(axis=0))
 
 
 def _same(x: np.ndarray, y: np.ndarray) -> bool:
@@ -184,14 +194,13 @@ def _whole_steps(sh: Sharing, state: LoweringState, is_w: np.ndarray) -> None:
             for tt in state.steps[t].transfers:
                 base[tt.src_tile[is_w[tt.src_buf]]] = True
             of_template[t] = ([np.bincount(ga.tiles, minlength=state.T).astype(I64) for ga in groups],
-                              [int(is_w[ga.bufs].any(axis=0).sum()) for ga in groups], base)
+                              [len(_weight_columns(ga, is_w)) for ga in groups], base)
         counts, weight_fields, base = of_template[t]
         words = np.zeros(state.T, I64)
         for ga, gb, n, w in zip(state.steps[t].groups, state.steps[k].groups, counts, weight_fields):
-            # patch_columns' fields: the weight pointers (the template's), and the parameters that differ
-            params = 0 if ga.params is gb.params else int((ga.params != gb.params).any(axis=0).sum())
-            if w + params:
-                words += n * (w + params)
+            fields = w + len(_param_columns(ga, gb))  # patch_columns' count, the weights' part taken once a template
+            if fields:
+                words += n * fields
         sh.call_words[k], sh.call_base[k] = words, base
         sh.patch_bytes += words * PATCH_WORD_BYTES
 

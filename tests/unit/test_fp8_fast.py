@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, cast_to_half, dequantize, quantize
+from tremula.numerics import jit
+from tremula.numerics.fp8 import Fp8Format, amp_fp8_matmul, cast_to_half, dequantize, fake_quantize, quantize
 
 F16_MAX = float(np.finfo(np.float16).max)
 
@@ -85,6 +86,18 @@ def test_dequantize_matches_the_half_path(fmt):
         want = (codes.view(fmt.np_dtype).astype(np.float16).astype(np.float32) * np.float32(2.0**scale))
         for dt in ("float32", "float16"):
             same_bits(dequantize(codes, fmt, scale, dt), want.astype(dt))
+
+
+@pytest.mark.parametrize("fmt", list(Fp8Format))
+@pytest.mark.parametrize("scale", [-12, 0, 5, 20])
+def test_fake_quantize_is_quantize_then_dequantize(fmt, scale):
+    """The one-pass round trip (through a table of every half pattern) gives the two steps' bits, NaNs included."""
+    x = edge_floats(np.random.default_rng(3))[:306_000].reshape(-1, 6)[:, 1:]  # (a strided view as well)
+    want = dequantize(quantize(x, fmt, scale), fmt, scale, "float32")
+    assert jit.ENABLED, "numba is installed with the test extra: the one-pass kernel must be the one tested"
+    same_bits(fake_quantize(x, fmt, scale), want)
+    x16 = x[:1000].astype(np.float16)  # half: the two steps
+    same_bits(fake_quantize(x16, fmt, scale), dequantize(quantize(x16, fmt, scale), fmt, scale, "float16"))
 
 
 @pytest.mark.parametrize("xf,wf", [(Fp8Format.F143, Fp8Format.F143), (Fp8Format.F152, Fp8Format.F143),

@@ -49,12 +49,30 @@ class BlockedMatmuls:
             if w.ndim != 2 or x.ndim < 2:
                 return ref(args, attrs)
             rows = x.reshape(-1, x.shape[-1])
+            if _float32(args):
+                return [self._into(rows, w, args[2] if len(args) > 2 else None).reshape(*x.shape[:-1], w.shape[1])]
             blocks = [rows[i: i + ROWS] for i in range(0, len(rows), ROWS)]
             one = lambda b: ref([b, *args[1:]], attrs)[0]  # noqa: E731 (the op's rule on one block)
             outs = list(self._map(one, blocks))
             return [np.concatenate(outs).reshape(*x.shape[:-1], outs[0].shape[-1])]
 
         return blocked
+
+    def _into(self, rows: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        """The float32 rule (ops._linear_ref: one BLAS product, then the bias added in place) on each block of rows,
+        written into its rows of one result: the same calls on the same blocks, without a copy of every block into
+        the result after (SigLIP so400m's calibration: 2 s of its 38 on one core)."""
+        out = np.empty((len(rows), w.shape[1]), np.float32)
+
+        def one(i: int) -> None:
+            o = out[i: i + ROWS]
+            np.matmul(rows[i: i + ROWS], w, out=o)
+            if bias is not None:
+                np.add(o, bias, out=o)
+
+        for _ in self._map(one, range(0, len(rows), ROWS)):
+            pass
+        return out
 
     def _by_sample(self, ref: RefRule, args: list[np.ndarray], attrs) -> list[np.ndarray]:
         q = args[0]
@@ -84,3 +102,12 @@ class BlockedMatmuls:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool, self._size = None, 0
+
+
+def _float32(args: list[np.ndarray]) -> bool:
+    """Whether a Linear or MatMul's rule is the plain float32 product (and bias): float32 operands (half partials are
+    a half operand's), a bias absent or float32 of the output's width."""
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    return x.dtype == np.float32 and w.dtype == np.float32 and (bias is None or (bias.dtype == np.float32 and
+                                                                                  bias.shape == (w.shape[1],)))

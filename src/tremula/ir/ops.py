@@ -637,13 +637,15 @@ _row(
 
 def _fp8_cast_ref(xs, a):
     # Imported here: numerics depends on ml_dtypes, which only this row needs.
-    from tremula.numerics.fp8 import Fp8Format, dequantize, max_abs, quantize, scale_for_max_abs
+    from tremula.numerics.fp8 import Fp8Format, dequantize, fake_quantize, max_abs, quantize, scale_for_max_abs
 
     x = xs[0]
     fmt = Fp8Format.parse(a["fmt"])
     scale = a.get("scale")
     if scale is None:  # a weight's scale comes from its own max-abs (ipu-hardware.md section 5: per-tensor scale)
         scale = scale_for_max_abs(max_abs(x), fmt)
+    if a.get("rounding", "nearest") == "nearest":
+        return [fake_quantize(x, fmt, int(scale))]
     rng = np.random.default_rng(a.get("seed", 0)) if a.get("rounding") == "stochastic" else None
     codes = quantize(x, fmt, int(scale), a.get("rounding", "nearest"), rng)
     return [dequantize(codes, fmt, int(scale), x.dtype)]

@@ -181,6 +181,27 @@ _DECODE = {f: np.arange(256, dtype=np.uint16).astype(np.uint8).view(f.np_dtype).
            for f in Fp8Format}
 
 
+def _grid(fmt: Fp8Format) -> tuple[int, float, float]:
+    """(mantissa bits, smallest normal binade, largest binade) of an FP8 format, read from ml_dtypes."""
+    info = ml_dtypes.finfo(fmt.np_dtype)
+    return int(info.nmant), float(info.smallest_normal), float(2.0 ** np.floor(np.log2(float(info.max))))
+
+
+def fake_quantize(x: np.ndarray, fmt: Fp8Format, scale: int = 0) -> np.ndarray:
+    """dequantize(quantize(x, fmt, scale), fmt, scale, x.dtype), rounding to nearest: the values an FP8 operand
+    holds. Float32 in one pass (numerics/jit.py) that rounds to half and then to the format's grid by arithmetic, the
+    same float32 products, so the same bits (tests/unit/test_fp8_fast.py, every half and its midpoints); else the
+    two steps."""
+    x = np.asarray(x)
+    if x.dtype == np.float32:
+        mant, lo, hi = _grid(fmt)
+        with np.errstate(over="ignore"):
+            out = jit.fp8_round_trip(x, 2.0**-scale, mant, lo, hi, fmt.max, _DECODE[fmt][NAN_CODE], 2.0**scale)
+        if out is not None:
+            return out
+    return dequantize(quantize(x, fmt, scale), fmt, scale, x.dtype)
+
+
 def cast_to_half(x: np.ndarray, rounding: str = "nearest", rng: np.random.Generator | None = None) -> np.ndarray:
     """float32 -> float16, saturating (the IPU clamps instead of overflowing to inf), nearest or stochastic rounding."""
     f16max = float(np.finfo(np.float16).max)

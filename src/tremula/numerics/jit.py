@@ -7,7 +7,8 @@ float64 passes. These kernels do the same operations on each element in register
 the same bits (tests run both paths: tests/unit/test_half_partials.py, test_erf.py and a whole simulated model in
 tests/models/test_sim_bit_identical.py): no fast-math, so the compiler neither reassociates nor fuses a multiply and
 an add. Kernels: the half rounding, alone and after an add (`round_half`, `add_round_half`), half <-> float32
-(`from_half`, `to_half`, `cast_half`), the erf interpolation (`erf_block`).
+(`from_half`, `to_half`, `cast_half`), an FP8 round trip
+(`fp8_round_trip`), the erf interpolation (`erf_block`).
 
 numba is an optional dependency (`pip install tremula[fast]`): without it, or with TREMULA_NO_JIT=1 in the
 environment, ENABLED is False and the callers run their NumPy passes. Kernels are compiled on first use and cached
@@ -179,21 +180,48 @@ if numba is not None:
 
 if numba is not None:
 
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _half_value(x):
+        """float32 -> the half NumPy's cast gives, as a float32 (exact): _round_half's rounding without its
+        saturation (a result past 65504 is an overflow: inf), the sign of x kept (-0 included)."""
+        m = _float(_bits(x) & _EXP)
+        m = _LO if m < _LO else m
+        m = _HI if m > _HI else m
+        m = m * _MAGIC
+        a = (x + m) - m
+        a = np.float32(np.inf) if a > _MAX else a
+        a = np.float32(-np.inf) if a < _NMAX else a
+        return _float(_bits(a) | (_bits(x) & _SIGN))
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _half_bits(x):
+        """float32 -> its float16 bits as NumPy's cast: _half_value, then _to_half_bits' shifts."""
+        t = _bits(_half_value(x) * np.float32(2.0**-112))
+        return np.uint16(((t >> 13) & 0x7FFF) | ((t >> 16) & 0x8000))
+
     @numba.njit(cache=True, nogil=True)
     def _cast_half_bits(v, out):
-        # float32 -> float16 bits as NumPy's cast: _round_half's rounding without its saturation (a result past
-        # 65504 is an overflow: inf), then _to_half_bits' shifts
         for i in range(v.size):
-            x = v[i]
-            m = _float(_bits(x) & _EXP)
-            m = _LO if m < _LO else m
-            m = _HI if m > _HI else m
-            m = m * _MAGIC
-            a = (x + m) - m
-            a = np.float32(np.inf) if a > _MAX else a
-            a = np.float32(-np.inf) if a < _NMAX else a
-            t = _bits(_float(_bits(a) | (_bits(x) & _SIGN)) * np.float32(2.0**-112))
-            out[i] = np.uint16(((t >> 13) & 0x7FFF) | ((t >> 16) & 0x8000))
+            out[i] = _half_bits(v[i])
+
+    @numba.njit(cache=True, nogil=True)
+    def _fp8_round_trip(v, down, lo, hi, magic, top, nan, up, out):
+        # half(v * down) rounded to the FP8 grid the way _half_value rounds to half's (add and subtract a power of
+        # two that leaves the grid's spacing as the float32 ulp; lo..hi the format's binades), saturated at `top`,
+        # no -0 (the fnuz formats have none), NaN to the NaN code's value; then times `up`. Branch-free: it
+        # vectorises, where table lookups run an element at a time.
+        for i in range(v.size):
+            a = _half_value(v[i] * down)
+            s = abs(a)
+            m = _float(_bits(s) & _EXP)
+            m = lo if m < lo else m
+            m = hi if m > hi else m
+            m = m * magic
+            b = (s + m) - m
+            b = top if b > top else b
+            r = _float(_bits(b) | (_bits(a) & _SIGN)) if b != 0 else np.float32(0.0)
+            r = nan if a != a else r
+            out[i] = r * up
 
 
 def cast_half(v: np.ndarray, out: np.ndarray) -> bool:
@@ -206,6 +234,21 @@ def cast_half(v: np.ndarray, out: np.ndarray) -> bool:
     _cast_half_bits(np.ascontiguousarray(v).reshape(-1), out.view(np.uint16).reshape(-1))
     return True
 
+
+
+def fp8_round_trip(v: np.ndarray, down: float, mantissa: int, min_binade: float, max_binade: float, top: float,
+                   nan: np.float32, up: float) -> np.ndarray | None:
+    """FP8 quantize then dequantize of float32 v in one pass (numerics/fp8.fake_quantize): v * down cast to half as
+    NumPy does, rounded to nearest even on the grid of `mantissa` bits over binades min_binade..max_binade,
+    saturated at +-top, a NaN to `nan`, times `up`; None when the kernel cannot take v. NumPy's way is five passes
+    and four temporaries, two of them table lookups."""
+    if not ENABLED or v.dtype != np.float32:
+        return None
+    out = np.empty(v.shape, np.float32)
+    _fp8_round_trip(np.ascontiguousarray(v).reshape(-1), np.float32(down), np.float32(min_binade),
+                    np.float32(max_binade), np.float32(1.5 * 2.0 ** (23 - mantissa)), np.float32(top),
+                    np.float32(nan), np.float32(up), out.reshape(-1))
+    return out
 
 def from_half(h: np.ndarray) -> np.ndarray | None:
     """amp.from_half in one pass: float16 -> float32, or None when the kernel cannot take h (or h holds inf/NaN)."""

@@ -105,3 +105,45 @@ def test_stochastic_rounding_is_lowered_not_copied():
     assert copied.replay_misses
     for f in STATE:
         _same(getattr(full, f), getattr(copied, f), f)
+
+
+@pytest.mark.parametrize("model,batch,dtype", [("siglip-tiny", 2, "fp8"), ("bert-tiny", 4, "float16")])
+def test_sharing_checks_a_replays_renaming_before_it_uses_it(model, batch, dtype):
+    """find_sharing pairs a replayed layer's buffers through the replay's renaming once every id checks against it
+    (plan/share._hinted_pairs): the same Sharing as pairing them the long way; a renaming that lies is refused."""
+    from tremula.plan import share
+
+    chip = load_chip("c600")
+    _, copied = _both(_graph(model, batch, dtype, chip), chip)
+    kept = dict(copied.replayed)
+    assert kept
+    hinted = share.find_sharing(copied)
+    copied.replayed = {}
+    plain = share.find_sharing(copied)
+    assert plain.shared_layers > 0
+    _same(hinted, plain, "sharing")
+    # two ids the template names swapped in one layer's renaming: every place is checked, so the hint is refused
+    key, (tkey, bmap) = next(iter(kept.items()))
+    entries = share._entries(copied)
+    ids = share._named_ids(copied, entries[tkey])
+    a, b = ids[bmap[ids] >= 0][:2]
+    lie = bmap.copy()
+    lie[a], lie[b] = bmap[b], bmap[a]
+    is_w = np.array([x.category == "weights" for x in copied.bufs], bool)
+    truth = share._match(copied, entries[tkey], entries[key], is_w)
+    assert truth is not None
+    for renaming, want in ((bmap, truth), (lie, truth)):
+        hint = share._Renaming(renaming, len(copied.bufs), lambda: ids)
+        got = share._match(copied, entries[tkey], entries[key], is_w, hint)
+        assert got[0] == want[0] and np.array_equal(got[1], want[1])
+    named = []  # the lie alone gives no pairs: _match paired them the long way
+    for (ka, kind, ia), (kb, _, ib) in zip(entries[tkey], entries[key]):
+        if kind == 0:
+            named.append((copied.steps[kb].groups[ib].bufs, copied.steps[ka].groups[ia].bufs))
+        else:
+            ta, tb = copied.steps[ka].transfers[ia], copied.steps[kb].transfers[ib]
+            named += [(tb.src_buf, ta.src_buf), (tb.d_buf, ta.d_buf)]
+    assert share._hinted_pairs(share._Renaming(lie, len(copied.bufs), lambda: ids), named) is None
+    assert share._hinted_pairs(share._Renaming(bmap, len(copied.bufs), lambda: ids), named) is not None
+    copied.replayed = {**kept, key: (tkey, lie)}
+    _same(share.find_sharing(copied), plain, "sharing with a false renaming")

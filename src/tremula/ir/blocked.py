@@ -61,7 +61,7 @@ class BlockedMatmuls:
     def _into(self, rows: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         """The float32 rule (ops._linear_ref: one BLAS product, then the bias added in place) on each block of rows,
         written into its rows of one result: the same calls on the same blocks, without a copy of every block into
-        the result after (SigLIP so400m's calibration: 2 s of its 38 on one core)."""
+        the result after (SigLIP so400m's calibration on one core: its Linears 23.8 -> 22.2 s)."""
         out = np.empty((len(rows), w.shape[1]), np.float32)
 
         def one(i: int) -> None:

@@ -89,6 +89,9 @@ class LayerReplay:
         self._recording: dict | None = None
         self._replayed = False
         self.replay_misses: dict[LayerKey, str] = {}  # layer -> why it was lowered instead of copied
+        # layer -> (its template, template buffer id -> the layer's, -1 for none): how the copy renamed its ids,
+        # a hint plan/share.py checks against every id before it trusts it
+        self.replayed: dict[LayerKey, tuple[LayerKey, np.ndarray]] = {}
 
     def _record_start(self, key: LayerKey) -> None:
         """At the start of a layer whose run has no template yet (the layer starts on an empty step)."""
@@ -185,6 +188,7 @@ class LayerReplay:
         if maps is None:
             return False
         nmap, vmap, bmap = maps
+        self.replayed[key] = (t.key, bmap)
         nodes = {node_key(n): n for n in self._layer_nodes(key)}
 
         def rename(name: str) -> str:  # a buffer's name: value and node names joined by "@"

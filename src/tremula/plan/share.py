@@ -19,6 +19,8 @@ weight base: the simulator runs the template's code with them applied, and the t
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,9 +92,10 @@ def _same(x: np.ndarray, y: np.ndarray) -> bool:
     return x is y or np.array_equal(x, y)  # (a layer copied from its template shares its arrays: plan/replay.py)
 
 
-def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
+def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray, hint: _Renaming | None = None):
     """Compare layer b's items with template a's: (step shift, buffer pairs [n, 2] as (b, a) in order of b) or None
-    when they differ."""
+    when they differ. hint: how a replay renamed the template's ids into b's, checked on every id before it is
+    used (_hinted_pairs)."""
     if len(a) != len(b) or not a:
         return None
     shift = b[0][0] - a[0][0]
@@ -113,6 +116,21 @@ def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
                     any(not _same(getattr(ta, f), getattr(tb, f)) for f in _TABLE_SAME):
                 return None
             named += [(tb.src_buf, ta.src_buf), (tb.d_buf, ta.d_buf)]
+    pairs = _hinted_pairs(hint, named) if hint is not None else None
+    if pairs is None:
+        pairs = _pairs(state, named)
+    if pairs is None:
+        return None
+    # and each buffer like its counterpart: same kind, tiles and bytes
+    for pb, pa in pairs.tolist():
+        sa, sb = state.bufs[pa], state.bufs[pb]
+        if is_w[pa] != is_w[pb] or not (_same(sa.tiles, sb.tiles) and _same(sa.sizes, sb.sizes)):
+            return None
+    return shift, pairs
+
+
+def _pairs(state: LoweringState, named: list) -> np.ndarray | None:
+    """The (b, a) buffer pairs of the places `named` pairs up, in order of b, when they pair one-to-one; else None."""
     # The pairs must be one-to-one. b -> a is a function when, after writing every pair into a table indexed by b
     # (of repeated b's, one write wins), reading the table back gives every a; it is one-to-one when the a's of the
     # distinct b's differ. No sort: a layer's items name a few hundred buffers in a million places.
@@ -125,12 +143,42 @@ def _match(state: LoweringState, a: list, b: list, is_w: np.ndarray):
     pairs = np.stack([bs, fwd[bs]], axis=1)
     if len(np.unique(pairs[:, 1])) != len(pairs):
         return None
-    # and each buffer like its counterpart: same kind, tiles and bytes
-    for pb, pa in pairs.tolist():
-        sa, sb = state.bufs[pa], state.bufs[pb]
-        if is_w[pa] != is_w[pb] or not (_same(sa.tiles, sb.tiles) and _same(sa.sizes, sb.sizes)):
-            return None
-    return shift, pairs
+    return pairs
+
+
+class _Renaming:
+    """A replayed layer's renaming of its template's buffer ids (plan/replay.py's `replayed`), over every id (-1:
+    none), whether it is one-to-one where defined, and the template's ids its items name (found once a template, for
+    all the layers replayed from it)."""
+
+    def __init__(self, bmap: np.ndarray, n_bufs: int, named_ids: Callable[[], np.ndarray]):
+        self.to = np.full(n_bufs, -1, I64)
+        self.to[: len(bmap)] = bmap
+        onto = self.to[self.to >= 0]
+        self.one_to_one = len(np.unique(onto)) == len(onto)
+        self.named_ids = named_ids
+        self._as: dict[np.dtype, np.ndarray] = {}
+
+    def of(self, ids: np.ndarray) -> np.ndarray:
+        """The renamings of `ids`, in their dtype when it holds every id (a table's ids gathered and compared
+        without a conversion; -1 becomes a value no id of this state has)."""
+        m = self._as.get(ids.dtype)
+        if m is None:  # (int64 when the dtype cannot hold every id: a wrapped renaming could equal an id)
+            fits = ids.dtype.kind in "iu" and np.iinfo(ids.dtype).max >= len(self.to)
+            m = self._as[ids.dtype] = self.to.astype(ids.dtype) if fits else self.to
+        return m[ids]
+
+
+def _hinted_pairs(hint: _Renaming, named: list) -> np.ndarray | None:
+    """_pairs by a replay's renaming: when every id b names is the renaming of the template's id in its place (each
+    place checked) and the renaming is one-to-one, the pairs are the template's named ids with their renamings, in
+    order of b; None when that does not hold (the caller pairs them the long way). One gather a place, where
+    _pairs scatters, gathers and compares."""
+    if not hint.one_to_one or any(not np.array_equal(hint.of(theirs), mine) for mine, theirs in named):
+        return None
+    ids = hint.named_ids()
+    pairs = np.stack([hint.to[ids], ids], axis=1)
+    return pairs[np.argsort(pairs[:, 0], kind="stable")]
 
 
 def find_sharing(state: LoweringState) -> Sharing:
@@ -142,15 +190,19 @@ def find_sharing(state: LoweringState) -> Sharing:
     for p, i in entries:
         prefixes.setdefault(p, []).append(i)
     owned = np.full(len(state.bufs), -1, I64)  # run that a buffer's class belongs to
+    replayed = getattr(state, "replayed", {})
     for p, idx in prefixes.items():
         k = 0
         while k < len(idx):
             tmpl = entries[(p, idx[k])]
             matched = []  # (layer's entries, pairs)
             period = None
+            named_ids = functools.cache(lambda t=tmpl: _named_ids(state, t))  # (once a template, when asked)
             for j in idx[k + 1:]:
                 mine = entries[(p, j)]
-                r = _match(state, tmpl, mine, is_w)
+                r = replayed.get((p, j))
+                hint = _Renaming(r[1], len(state.bufs), named_ids) if r is not None and r[0] == (p, idx[k]) else None
+                r = _match(state, tmpl, mine, is_w, hint)
                 if r is None or (period is None and r[0] <= 0) or \
                         (period is not None and r[0] != period * (len(matched) + 1)):
                     break
@@ -161,6 +213,19 @@ def find_sharing(state: LoweringState) -> Sharing:
                 _add_run(sh, state, tmpl, period, matched, is_w, owned)
     _whole_steps(sh, state, is_w)
     return sh
+
+
+def _named_ids(state: LoweringState, items: list) -> np.ndarray:
+    """Every buffer id a layer's items name (its vertex groups' operands, its tables' sources and destinations)."""
+    seen = np.zeros(len(state.bufs), bool)
+    for k, kind, i in items:
+        if kind == 0:
+            seen[state.steps[k].groups[i].bufs] = True
+        else:
+            t = state.steps[k].transfers[i]
+            seen[t.src_buf] = True
+            seen[t.d_buf] = True
+    return np.flatnonzero(seen)
 
 
 def _whole_steps(sh: Sharing, state: LoweringState, is_w: np.ndarray) -> None:

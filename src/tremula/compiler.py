@@ -182,11 +182,12 @@ def builder(model: ModelSpec, seq_len: int | None) -> Callable[[int | None], Gra
 
 
 class _Rebatching:
-    """batch -> Graph for a model file or folder: loaded once at batch 1, then re-shaped to each batch that the batch
-    search, its bounds and the calibration probe (frontends/rebatch.py), instead of importing the file again for
-    every probe (a 1.7 GB ONNX export); loaded at that batch when the rebatcher cannot prove the graph allows it. A
-    rebatched graph computes what the file's own graph at that batch does (rebatch checks every value's shape) and
-    differs in some value names only. The graph compiled in the end is the file's own (`exact`)."""
+    """batch -> Graph for a model file or folder: loaded once (at batch 1, or the graph a compile at a fixed batch
+    imported: `seed`), then re-shaped to each batch that the batch search, its bounds and the calibration probe
+    (frontends/rebatch.py), instead of importing the file again for every probe (a 1.7 GB ONNX export); loaded at
+    that batch when the rebatcher cannot prove the graph allows it. A rebatched graph computes what the file's own
+    graph at that batch does (rebatch checks every value's shape) and differs in some value names only. The graph
+    compiled in the end is the file's own (`exact`)."""
 
     def __init__(self, load: Callable[[int | None], Graph]):
         self.exact, self.base = load, None
@@ -197,14 +198,26 @@ class _Rebatching:
         try:
             if self.base is None:
                 self.base = self.exact(1)
-            return self.base if batch == 1 else rebatch(self.base, batch)
+            return rebatch(self.base, batch)  # (the base itself at its own batch)
         except (CannotRebatch, FixedBatch):  # FixedBatch: the file cannot go to batch 1; perhaps to this batch
             return self.exact(batch)
 
+    def seed(self, graph: Graph) -> None:
+        """The file's own graph, imported at some batch for the compile (_exact): the base the probes are rebatched
+        from when none is loaded yet, instead of importing the file again at batch 1 (SigLIP so400m's 1.7 GB legacy
+        export, fp8 batch 8: the calibration's graph at four samples imported the file a second time, 6 s and a
+        second copy of its weights)."""
+        if self.base is None and model_batch(graph) is not None:
+            self.base = graph
+
 
 def _exact(build: Callable[[int | None], Graph], batch: int | None) -> Graph:
-    """The graph to compile at `batch`: the model's own (a file imported at that batch, not a probe's rebatch)."""
-    return getattr(build, "exact", build)(batch)
+    """The graph to compile at `batch`: the model's own (a file imported at that batch, not a probe's rebatch);
+    a model file's probes are rebatched from it after (_Rebatching.seed)."""
+    graph = getattr(build, "exact", build)(batch)
+    if isinstance(build, _Rebatching):
+        build.seed(graph)
+    return graph
 
 
 def auto_batch_request(model: ModelSpec, build) -> str | None:

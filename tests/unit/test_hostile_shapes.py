@@ -249,6 +249,32 @@ def test_compile_states_the_batch_the_graph_has(tmp_path, monkeypatch):
     assert describe(load_model("vit-tiny", batch=4)).batch == 4
 
 
+def test_a_model_file_is_imported_once_for_an_fp8_compile(tmp_path, monkeypatch):
+    """The FP8 calibration's graph (CALIBRATION_SAMPLES samples) is rebatched from the graph the compile imported,
+    not imported again at batch 1: one import, the scales and plan of the compile that imported it twice."""
+    import tremula.frontends.onnx_import as onnx_import
+
+    from tremula.export.onnx_export import save_onnx
+
+    path = tmp_path / "siglip.onnx"
+    save_onnx(build_zoo("siglip-tiny", batch=2), path)
+    imports = []
+    real = onnx_import.import_onnx
+    monkeypatch.setattr(onnx_import, "import_onnx", lambda *a, **k: imports.append(k.get("batch")) or real(*a, **k))
+    monkeypatch.setenv("TREMULA_CACHE_DIR", "off")
+    once = compile_model(str(path), "c600", 3, "fp8")
+    assert imports == [3]
+    monkeypatch.setattr(compiler._Rebatching, "seed", lambda self, graph: None)  # as before: imported at 1 too
+    twice = compile_model(str(path), "c600", 3, "fp8")
+    assert imports == [3, 3, 1]
+    assert once.cycles == twice.cycles and once.program.meta["summary"] == twice.program.meta["summary"]
+
+    def scales(res):
+        return {n.name: n.attrs["scale"] for n in res.graph.nodes if n.op == "Fp8Quantize"}
+
+    assert scales(once) == scales(twice) and len(scales(once)) == 13
+
+
 def test_cli_reports_the_real_batch(tmp_path):
     path = fixed_batch_model(tmp_path / "m.onnx", 2)
     def run(*args: str) -> subprocess.CompletedProcess:

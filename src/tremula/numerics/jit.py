@@ -7,8 +7,7 @@ float64 passes. These kernels do the same operations on each element in register
 the same bits (tests run both paths: tests/unit/test_half_partials.py, test_erf.py and a whole simulated model in
 tests/models/test_sim_bit_identical.py): no fast-math, so the compiler neither reassociates nor fuses a multiply and
 an add. Kernels: the half rounding, alone and after an add (`round_half`, `add_round_half`), half <-> float32
-(`from_half`, `to_half`, `cast_half`), an FP8 round trip
-(`fp8_round_trip`), the erf interpolation (`erf_block`).
+(`from_half`, `to_half`, `cast_half`), an FP8 round trip (`fp8_round_trip`), the erf interpolation (`erf_block`).
 
 numba is an optional dependency (`pip install tremula[fast]`): without it, or with TREMULA_NO_JIT=1 in the
 environment, ENABLED is False and the callers run their NumPy passes. Kernels are compiled on first use and cached
@@ -235,7 +234,6 @@ def cast_half(v: np.ndarray, out: np.ndarray) -> bool:
     return True
 
 
-
 def fp8_round_trip(v: np.ndarray, down: float, mantissa: int, min_binade: float, max_binade: float, top: float,
                    nan: np.float32, up: float) -> np.ndarray | None:
     """FP8 quantize then dequantize of float32 v in one pass (numerics/fp8.fake_quantize): v * down cast to half as
@@ -249,6 +247,7 @@ def fp8_round_trip(v: np.ndarray, down: float, mantissa: int, min_binade: float,
                     np.float32(max_binade), np.float32(1.5 * 2.0 ** (23 - mantissa)), np.float32(top),
                     np.float32(nan), np.float32(up), out.reshape(-1))
     return out
+
 
 def from_half(h: np.ndarray) -> np.ndarray | None:
     """amp.from_half in one pass: float16 -> float32, or None when the kernel cannot take h (or h holds inf/NaN)."""

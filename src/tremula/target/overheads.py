@@ -113,8 +113,11 @@ def _receive_bytes(enc, d_tile, d_buf, d_rel, nbytes, rows, row_bytes, stride) -
     per_row = strided(rows, row_bytes, stride)
     if per_row.all():  # none continues another: a reset for each but one receive of a tile, in any order (the
         # per-tile sums the callers take are those of address order; bert-base's embedding re-layout, 1.1 M entries)
-        first = np.zeros(len(d_tile), bool)
-        first[np.unique(d_tile, return_index=True)[1]] = True
+        first = np.zeros(len(d_tile), bool)  # each tile's first entry: the least index of each tile id (tile ids
+        if len(d_tile):  # are small: no sort, as np.unique's return_index makes)
+            at = np.full(int(d_tile.max()) + 1, len(d_tile), np.int64)
+            np.minimum.at(at, d_tile, np.arange(len(d_tile), dtype=np.int64))
+            first[at[at < len(d_tile)]] = True
         return enc.receive_bytes + enc.pointer_reset_bytes * (rows - 1 + ~first)
     end = np.where(per_row, -1, d_rel + np.asarray(nbytes, np.int64))
     o = lex_order((d_rel, d_buf, d_tile))

@@ -53,14 +53,21 @@ if numba is not None:
     _float64 = _bitcast(types.float64, types.uint64, ir.DoubleType(), "uint64 bits as the float64 they encode.")
 
     @numba.njit(cache=True, nogil=True, inline="always")
+    def _to_grid(v, lo, hi, magic):
+        """float32 v rounded to nearest even on a grid of floating-point values: add and subtract its binade (clamped
+        to lo..hi) times `magic` (1.5 x 2**(23 - mantissa bits)), which leaves the grid's spacing as the float32 ulp
+        of the sum."""
+        m = _float(_bits(v) & _EXP)
+        m = lo if m < lo else m
+        m = hi if m > hi else m
+        m = m * magic
+        return (v + m) - m
+
+    @numba.njit(cache=True, nogil=True, inline="always")
     def _round_half(v):
         """amp.saturate_round_half of one float32: the same operations, so the same bits (NaN stays NaN: its
         comparisons are false, as in NumPy's clip)."""
-        m = _float(_bits(v) & _EXP)
-        m = _LO if m < _LO else m
-        m = _HI if m > _HI else m
-        m = m * _MAGIC
-        a = (v + m) - m
+        a = _to_grid(v, _LO, _HI, _MAGIC)
         a = _MAX if a > _MAX else a
         a = _NMAX if a < _NMAX else a
         return _float(_bits(a) | (_bits(v) & _SIGN))
@@ -183,11 +190,7 @@ if numba is not None:
     def _half_value(x):
         """float32 -> the half NumPy's cast gives, as a float32 (exact): _round_half's rounding without its
         saturation (a result past 65504 is an overflow: inf), the sign of x kept (-0 included)."""
-        m = _float(_bits(x) & _EXP)
-        m = _LO if m < _LO else m
-        m = _HI if m > _HI else m
-        m = m * _MAGIC
-        a = (x + m) - m
+        a = _to_grid(x, _LO, _HI, _MAGIC)
         a = np.float32(np.inf) if a > _MAX else a
         a = np.float32(-np.inf) if a < _NMAX else a
         return _float(_bits(a) | (_bits(x) & _SIGN))
@@ -205,18 +208,12 @@ if numba is not None:
 
     @numba.njit(cache=True, nogil=True)
     def _fp8_round_trip(v, down, lo, hi, magic, top, nan, up, out):
-        # half(v * down) rounded to the FP8 grid the way _half_value rounds to half's (add and subtract a power of
-        # two that leaves the grid's spacing as the float32 ulp; lo..hi the format's binades), saturated at `top`,
-        # no -0 (the fnuz formats have none), NaN to the NaN code's value; then times `up`. Branch-free: it
-        # vectorises, where table lookups run an element at a time.
+        # half(v * down) rounded to the FP8 grid as _half_value rounds to half's (lo..hi the format's binades),
+        # saturated at `top`, no -0 (the fnuz formats have none), NaN to the NaN code's value; then times `up`.
+        # Branch-free: it vectorises, where table lookups run an element at a time.
         for i in range(v.size):
             a = _half_value(v[i] * down)
-            s = abs(a)
-            m = _float(_bits(s) & _EXP)
-            m = lo if m < lo else m
-            m = hi if m > hi else m
-            m = m * magic
-            b = (s + m) - m
+            b = _to_grid(abs(a), lo, hi, magic)
             b = top if b > top else b
             r = _float(_bits(b) | (_bits(a) & _SIGN)) if b != 0 else np.float32(0.0)
             r = nan if a != a else r

@@ -50,6 +50,35 @@ def test_the_key_names_the_graph_its_weights_and_the_other_inputs(folder):
     assert _key(g) is None  # a constant made by a function: no key, not cached
 
 
+def test_a_read_only_array_is_hashed_once_for_the_graphs_that_share_it(folder, monkeypatch):
+    """Two graphs holding the same read-only weights (a compile's graph and its calibration's, rebatched from it) hash
+    their bytes once; the keys are the ones hashing them again gives, and a writable array is hashed every time."""
+    g = load_model("bert-tiny", batch=2)
+    for name, c in list(g.constants.items()):
+        a = c.value().copy()
+        a.flags.writeable = False  # (as a model file's weights are imported, and seeded ones made)
+        g.constants[name] = Constant(name, c.type, data=a)
+    arrays = [c.data for c in g.constants.values()]
+    hashed = []
+    real = cache._value
+
+    def value(h, v):
+        if isinstance(v, np.ndarray):
+            hashed.append(v)
+        real(h, v)
+
+    monkeypatch.setattr(cache, "_value", value)
+    first = _key(g)
+    n = sum(any(v is a for a in arrays) for v in hashed)
+    assert n == len(arrays)
+    hashed.clear()
+    assert _key(g.copy()) == first and not any(any(v is a for a in arrays) for v in hashed)
+    cache._DIGESTS.clear()  # hashed again from the bytes: the same key
+    assert _key(g) == first
+    w = g.constants[next(iter(g.constants))].data.copy()  # writable: never kept
+    assert cache._array_digest(w) == cache._array_digest(w.copy()) and id(w) not in cache._DIGESTS
+
+
 def test_the_key_changes_with_the_code_and_the_cache_can_be_off(folder, monkeypatch):
     g = load_model("bert-tiny", batch=2)
     k = _key(g)

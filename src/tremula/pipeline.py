@@ -100,9 +100,9 @@ _SATURATED: dict[tuple[int, str], tuple[weakref.ref, weakref.ref]] = {}  # see _
 
 def _saturated(a: np.ndarray, dtype: str) -> np.ndarray:
     """a in `dtype`, saturated like the hardware's float->half conversion (a -3.4e38 mask fill becomes -65504, not
-    -inf). Kept (read-only) while both arrays live, and given again for the same array: a compile plans a model
-    file's graph more than once (with all-zero FP8 scales, then the calibrated ones), and each cast SigLIP so400m's
-    1.7 GB of weights anew (1.2 s)."""
+    -inf). The cast of a read-only array is kept (read-only) while both live, and given again for the same array: a
+    compile plans a model file's graph more than once (with all-zero FP8 scales, then the calibrated ones), and each
+    cast SigLIP so400m's 1.7 GB of weights anew (1.2 s)."""
     key = (id(a), dtype)
     hit = _SATURATED.get(key)
     if hit is not None and hit[0]() is a:
@@ -111,8 +111,9 @@ def _saturated(a: np.ndarray, dtype: str) -> np.ndarray:
             return out
     fmax = float(np.finfo(dtype).max)
     out = np.asarray(np.clip(a, -fmax, fmax).astype(dtype))  # (of a 0-d array, clip gives a scalar)
-    out.flags.writeable = False  # (shared by the graphs cast from `a`)
-    _SATURATED[key] = (weakref.ref(a, lambda _, k=key: _SATURATED.pop(k, None)), weakref.ref(out))
+    if not a.flags.writeable:  # (a writable array may change under its cast)
+        out.flags.writeable = False  # (shared by the graphs cast from `a`)
+        _SATURATED[key] = (weakref.ref(a, lambda _, k=key: _SATURATED.pop(k, None)), weakref.ref(out))
     return out
 
 

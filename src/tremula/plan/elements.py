@@ -52,7 +52,16 @@ def apart_pairs(steps) -> list[tuple[int, int, np.ndarray]]:
                 for (a, b), t in _by_pair(g.bufs[:, 0], g.bufs[:, -1], g.tiles):
                     if a != b:  # one buffer holding both: no placement separates them (conflicts() reports it)
                         tiles_of.setdefault((a, b), []).append(t)
-    return [(a, b, np.unique(np.concatenate(ts))) for (a, b), ts in tiles_of.items()]
+    return [(a, b, _tile_set(np.concatenate(ts))) for (a, b), ts in tiles_of.items()]
+
+
+def _tile_set(tiles: np.ndarray) -> np.ndarray:
+    """np.unique of tile ids (int64, small and non-negative) by marking them, not sorting them."""
+    if not len(tiles):
+        return np.unique(tiles)
+    seen = np.zeros(int(tiles.max()) + 1, bool)
+    seen[tiles] = True
+    return np.flatnonzero(seen).astype(tiles.dtype, copy=False)
 
 
 def _by_pair(a: np.ndarray, b: np.ndarray, tiles: np.ndarray):

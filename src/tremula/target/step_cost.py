@@ -55,11 +55,33 @@ def vertex_cycles(chip, group, memo: dict | None = None) -> np.ndarray:
     if fn is None:
         raise TremulaError(f"no cycle estimate for codelet {group.codelet!r}: its module in tremula.codelets "
                            f"registers one when imported")
-    params, shapes, inv = distinct_vertices(group)
+    like = None if memo is None else (group.codelet, group.dtypes, id(group.shapes), group.params.shape)
+    params = _as_like(group.params, memo.get(like)) if like is not None else None
+    if params is None:
+        params, shapes, inv = distinct_vertices(group)
+        if memo is not None:
+            memo[like] = (group.params, params, shapes, inv)
+    else:
+        _, _, shapes, inv = memo[like]
     out = np.array([fn(chip, pr, sh, group.dtypes) for pr, sh in zip(params, shapes)], I64)[inv]
     if memo is not None:
         memo[key] = (group.params, group.shapes, out)
     return out
+
+
+def _as_like(params: np.ndarray, seen: tuple | None) -> list[tuple[int, ...]] | None:
+    """The distinct params of a group whose params differ from an earlier group's (`seen`: its params, distinct
+    params, distinct shapes, inverse; the same shapes array) only in columns that hold one value on every vertex of
+    both (a shared layer's FP8 scale, plan/replay.py's PER_LAYER_PARAMS): its vertices group as the earlier one's do,
+    in the same order, with those columns' values its own. None when they differ otherwise (distinct_vertices)."""
+    if seen is None or not len(params):
+        return None
+    p0 = seen[0]
+    cols = np.flatnonzero((params != p0).any(axis=0))
+    if not all((params[:, c] == params[0, c]).all() and (p0[:, c] == p0[0, c]).all() for c in cols.tolist()):
+        return None
+    own = {int(c): int(params[0, c]) for c in cols.tolist()}
+    return [tuple(own.get(i, x) for i, x in enumerate(pr)) for pr in seen[1]]
 
 
 @dataclass

@@ -190,7 +190,7 @@ class _Rebatching:
     compiled in the end is the file's own (`exact`)."""
 
     def __init__(self, load: Callable[[int | None], Graph]):
-        self.exact, self.base = load, None
+        self.exact, self.base, self.base_batch = load, None, 1
 
     def __call__(self, batch: int | None) -> Graph:
         if batch is None:
@@ -198,7 +198,7 @@ class _Rebatching:
         try:
             if self.base is None:
                 self.base = self.exact(1)
-            return rebatch(self.base, batch)  # (the base itself at its own batch)
+            return self.base if batch == self.base_batch else rebatch(self.base, batch)
         except (CannotRebatch, FixedBatch):  # FixedBatch: the file cannot go to batch 1; perhaps to this batch
             return self.exact(batch)
 
@@ -207,8 +207,9 @@ class _Rebatching:
         from when none is loaded yet, instead of importing the file again at batch 1 (SigLIP so400m's 1.7 GB legacy
         export, fp8 batch 8: the calibration's graph at four samples imported the file a second time, 6 s and a
         second copy of its weights)."""
-        if self.base is None and model_batch(graph) is not None:
-            self.base = graph
+        b = model_batch(graph)
+        if self.base is None and b is not None:
+            self.base, self.base_batch = graph, b
 
 
 def _exact(build: Callable[[int | None], Graph], batch: int | None) -> Graph:

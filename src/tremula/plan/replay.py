@@ -56,13 +56,16 @@ def _differs(x, y) -> bool:
         return not np.array_equal(x, y)
 
 
-def _renamed(bmaps: dict, ids: np.ndarray) -> np.ndarray:
-    """Buffer ids renamed by the map (template id -> the layer's), in the ids' own dtype: bmaps holds the map in each
-    dtype asked for (made from its int64 one), so a table's million ids are gathered once, not gathered and then
-    converted."""
+def renamed(bmaps: dict, ids: np.ndarray) -> np.ndarray:
+    """Buffer ids renamed by the map (template id -> the layer's, -1 for none), in the ids' own dtype when it is a
+    signed one that holds every id the map gives (-1 stays -1): bmaps holds the map in each dtype asked for (made
+    from its int64 one), so a table's million ids are gathered once, not gathered and then converted; int64 otherwise
+    (a wrapped id could equal another, and plan/share.py proves layers identical through this)."""
     m = bmaps.get(ids.dtype)
     if m is None:
-        m = bmaps[ids.dtype] = bmaps[np.dtype(I64)].astype(ids.dtype)
+        full = bmaps[np.dtype(I64)]
+        fits = ids.dtype.kind == "i" and np.iinfo(ids.dtype).max >= int(full.max(initial=0))
+        m = bmaps[ids.dtype] = full.astype(ids.dtype) if fits else full
     return m[ids]
 
 
@@ -231,8 +234,8 @@ class LayerReplay:
                 for col, a in cols:
                     params[:, col] = int(attrs[a])
             groups.append(SymGroup(g.codelet, g.dtypes, g.tiles, params, bmap[g.bufs], g.rels, g.shapes))
-        transfers = [SymTransfers(x.src_tile, _renamed(bmaps, x.src_buf), x.src_rel, x.rows, x.row_bytes, x.src_stride,
-                                  x.dst_start, x.d_tile, _renamed(bmaps, x.d_buf), x.d_rel, x.d_stride)
+        transfers = [SymTransfers(x.src_tile, renamed(bmaps, x.src_buf), x.src_rel, x.rows, x.row_bytes, x.src_stride,
+                                  x.dst_start, x.d_tile, renamed(bmaps, x.d_buf), x.d_rel, x.d_stride)
                      for x in s.transfers]
         origin, label = s.origin, s.label
         if origin is not None:  # a compute step's label is "<op> <value>[ <phase>][ (<round>)]"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tremula.plan.replay import renamed
 from tremula.plan.state import LoweringState
 from tremula.target.overheads import PATCH_WORD_BYTES
 
@@ -157,16 +158,11 @@ class _Renaming:
         onto = self.to[self.to >= 0]
         self.one_to_one = len(np.unique(onto)) == len(onto)
         self.named_ids = named_ids
-        self._as: dict[np.dtype, np.ndarray] = {}
+        self._as: dict[np.dtype, np.ndarray] = {np.dtype(I64): self.to}
 
     def of(self, ids: np.ndarray) -> np.ndarray:
-        """The renamings of `ids`, in their dtype when it holds every id (a table's ids gathered and compared
-        without a conversion; -1 becomes a value no id of this state has)."""
-        m = self._as.get(ids.dtype)
-        if m is None:  # (int64 when the dtype cannot hold every id: a wrapped renaming could equal an id)
-            fits = ids.dtype.kind in "iu" and np.iinfo(ids.dtype).max >= len(self.to)
-            m = self._as[ids.dtype] = self.to.astype(ids.dtype) if fits else self.to
-        return m[ids]
+        """The renamings of `ids`, as the replay renamed them (in their dtype when it holds them)."""
+        return renamed(self._as, ids)
 
 
 def _hinted_pairs(hint: _Renaming, named: list) -> np.ndarray | None:

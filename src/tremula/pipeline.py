@@ -20,7 +20,8 @@ from tremula.ir.interp import infer_types
 from tremula.ir.layers import find_layers, layer_roles, node_key
 from tremula.plan.finalize import StreamConflict, memory_plan, to_program
 from tremula.plan.layers import untie_layer_vectors
-from tremula.plan.lower_ops import MATMULS, CodeOverflow, Lowerer, free_temp_fraction
+from tremula.plan.context import MATMULS, free_temp_fraction
+from tremula.plan.lower_ops import CodeOverflow, Lowerer
 from tremula.plan.plan import Plan, Recipe, recipe_of
 from tremula.plan.price import host_bytes, node_cycles, state_cycles
 from tremula.plan.stream import MIN_RUN, plan_streaming, streamable_runs, trailing_layers

@@ -273,7 +273,7 @@ def test_multihead_attention_module_reads_its_projection_per_head(exporter, need
     out-projection; after passes/fuse_heads.py its attention reads q, k and v as head views of its one in-projection
     and writes the output where the out-projection reads it, as the zoo's attention does (no re-layout of its own)."""
     from tremula.pipeline import canonical
-    from tremula.plan.lower_attention import head_views
+    from tremula.plan.head_views import head_views
 
     torch.manual_seed(2)
     model = _SelfAttention(need_weights).eval()

@@ -13,9 +13,6 @@ from tremula.models.weights import LazyWeights
 from tremula.plan import lower_attention
 from tremula.target.chip import load_chip
 
-Lowering = lower_attention.AttentionLowering
-
-
 @pytest.fixture(scope="module")
 def one_layer_vit_b8():
     cfg = dataclasses.replace(ZOO["vit-base-patch16-224"].config, layers=1)
@@ -23,20 +20,20 @@ def one_layer_vit_b8():
 
 
 def _compiled(graph, monkeypatch, key_blocks=None):
-    """The compile, and each encoder attention's (chosen key blocks, {key blocks: priced cycles}) when it was planned."""
+    """The compile, and each encoder attention's (chosen key blocks, {key blocks: priced cycles}) when planned."""
     seen = []
-    choose = Lowering._key_blocks
+    choose = lower_attention._key_blocks
 
-    def spy(self, node):
-        nk = choose(self, node) if key_blocks is None else key_blocks
+    def spy(cx, node):
+        nk = choose(cx, node) if key_blocks is None else key_blocks
         if "encoder" in node.name:
-            _, _, _, _, _, _, (_, _, sk, _), _, bh = self._attention_operands(node)
-            seen.append((nk, {n: self._grid_cycles(node, n) for n in range(1, min(sk, self.T // bh) + 1)}))
+            _, _, _, _, _, _, (_, _, sk, _), _, bh = lower_attention._attention_operands(cx, node)
+            seen.append((nk, {n: lower_attention._grid_cycles(cx, node, n) for n in range(1, min(sk, cx.T // bh) + 1)}))
         return nk
 
-    monkeypatch.setattr(Lowering, "_key_blocks", spy)
+    monkeypatch.setattr(lower_attention, "_key_blocks", spy)
     res = compile_model(graph, load_chip("c600"), 8, "fp16")
-    monkeypatch.setattr(Lowering, "_key_blocks", choose)
+    monkeypatch.setattr(lower_attention, "_key_blocks", choose)
     return res, seen
 
 
@@ -56,14 +53,14 @@ def test_the_grid_priced_cheapest_is_chosen_and_compiles_faster_than_whole_keys(
 def test_the_memory_rule_still_bounds_the_grid(one_layer_vit_b8, monkeypatch):
     """With K and V of a head past the budget, the fewest key blocks the memory allows is the smallest candidate."""
     monkeypatch.setattr(lower_attention, "ATTENTION_KV_FRACTION", 0.01)  # 6.2 KiB: 197 keys x 128 halves in 8 blocks
-    choose = Lowering._key_blocks
+    choose = lower_attention._key_blocks
     picked = []
 
-    def spy(self, node):
-        nk = choose(self, node)
+    def spy(cx, node):
+        nk = choose(cx, node)
         picked.append(nk)
         return nk
 
-    monkeypatch.setattr(Lowering, "_key_blocks", spy)
+    monkeypatch.setattr(lower_attention, "_key_blocks", spy)
     compile_model(one_layer_vit_b8, load_chip("c600"), 8, "fp16", require_fit=False)
     assert picked and min(picked) >= 8

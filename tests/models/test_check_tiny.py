@@ -124,7 +124,7 @@ def test_memory_budget_plans(monkeypatch, model, dtype):
     cuts the residual stream in PANEL_PARTS panels and matches every matmul's K cuts to its operand's blocks: the
     answer must still be the reference's."""
     from tremula import pipeline
-    from tremula.plan.lower_ops import PANEL_PARTS
+    from tremula.plan.context import PANEL_PARTS
 
     monkeypatch.setattr(pipeline, "PLAN_BUDGETS", ((0.12, 0.4, False),))
     res = check_model(model, "c600", 2, dtype)

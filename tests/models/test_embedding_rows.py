@@ -1,5 +1,5 @@
 """An element-wise op with a broadcast operand runs on rows when keeping its input's column blocks would take more
-transfer entries (plan/lower_ops._lower_elementwise): BERT's embedding sum after the word lookup, whose layout is the
+transfer entries (plan/lower_elementwise.py): BERT's embedding sum after the word lookup, whose layout is the
 table's columns over the tiles (one column a block), so the position embedding would arrive one element per row and
 block."""
 
@@ -28,7 +28,7 @@ def test_embedding_sum_with_a_broadcast_runs_on_rows_and_checks():
 def test_a_small_table_is_looked_up_on_rows_and_the_sum_stays_there():
     """BERT's token-type table (2 rows) is copied to the tiles of its output's rows, each picking its own tokens'
     rows, where the word table (the vocabulary) keeps one column block a tile; the Add of the two then runs on the
-    rows (lower_ops._spread_first: the inputs' layout over the most tiles), and the position Add after it needs no
+    rows (lower_elementwise._spread_first: the inputs' layout over the most tiles), and the position Add after it needs no
     move of its input."""
     chip = load_chip("c600")
     plan = plan_graph(load_model("bert-tiny", 4), chip, "float16")

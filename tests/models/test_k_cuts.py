@@ -1,5 +1,5 @@
 """A matmul after a LayerNorm kept in place may cut K at the LayerNorm's column blocks or anywhere else: the planner
-prices both and keeps the cheaper (plan/lower_ops.py _lower_linear), and either way the Program computes the model."""
+prices both and keeps the cheaper (plan/lower_linear.py lower_linear), and either way the Program computes the model."""
 
 from dataclasses import replace
 
@@ -14,9 +14,9 @@ from tremula.target.chip import load_chip
 def test_a_free_k_cut_after_a_layernorm_still_answers(monkeypatch, dtype):
     """Every K cut fixed at the operand's column blocks priced out of reach: the matmuls that read a LayerNorm's
     blocks take a free cut (whole source blocks no longer), and the check still passes."""
-    import tremula.plan.lower_ops as lower_ops
+    import tremula.plan.lower_linear as lower_linear
 
-    real = lower_ops.choose_linear
+    real = lower_linear.choose_linear
     fixed_seen = []
 
     def fixed_is_dear(chip, m, k, n, *args, pk_fix=0, **kwargs):
@@ -27,7 +27,7 @@ def test_a_free_k_cut_after_a_layernorm_still_answers(monkeypatch, dtype):
         return st
 
     plain = compile_model("bert-tiny", "c600", 2, dtype)
-    monkeypatch.setattr(lower_ops, "choose_linear", fixed_is_dear)
+    monkeypatch.setattr(lower_linear, "choose_linear", fixed_is_dear)
     res = check_model("bert-tiny", "c600", 2, dtype)
     assert fixed_seen  # bert-tiny has such matmuls (the fused QKV, the out-projection's heads)
     assert res.passed, (res.outputs, res.matched)

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-import tremula.plan.lower_ops as lower_ops
+import tremula.plan.lower_linear as lower_linear
 from tremula.compiler import compile_model
 from tremula.feeds import make_feeds
 from tremula.plan.strategies import cdiv, choose_linear, choose_linear_pair
@@ -43,8 +43,8 @@ def _force(monkeypatch, pk: int, rounds: bool):
                                     partials, partials2, k_rounds, tf2)
         return forced(s1, k, dtype, partials), forced(s2, n, dtype2, partials2)
 
-    monkeypatch.setattr(lower_ops, "choose_linear", one)
-    monkeypatch.setattr(lower_ops, "choose_linear_pair", pair)
+    monkeypatch.setattr(lower_linear, "choose_linear", one)
+    monkeypatch.setattr(lower_linear, "choose_linear_pair", pair)
 
 
 def _outputs(model: str, dtype: str, batch: int = 2):
@@ -92,7 +92,7 @@ def test_a_plan_with_k_rounds_that_does_not_fit_is_retried_lean(monkeypatch):
 
     made = []
     real_lowerer, real_plan = pipeline.Lowerer, pipeline.memory_plan
-    real_one = lower_ops.choose_linear
+    real_one = lower_linear.choose_linear
 
     def one(chip, m, k, n, dtype, *a, k_rounds="free", **kw):
         st = real_one(chip, m, k, n, dtype, *a, k_rounds=k_rounds, **kw)
@@ -112,7 +112,7 @@ def test_a_plan_with_k_rounds_that_does_not_fit_is_retried_lean(monkeypatch):
             mp = dataclasses.replace(mp, fits=False, tile_used=used)
         return mp, live, reserved
 
-    monkeypatch.setattr(lower_ops, "choose_linear", one)
+    monkeypatch.setattr(lower_linear, "choose_linear", one)
     monkeypatch.setattr(pipeline, "Lowerer", lowerer)
     monkeypatch.setattr(pipeline, "memory_plan", plan)
     res = compile_model("bert-tiny", C600, 2, "fp16")

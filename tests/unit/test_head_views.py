@@ -5,7 +5,7 @@ import pytest
 from tremula.compiler import compile_model
 from tremula.frontends import load_model
 from tremula.pipeline import lower_precision
-from tremula.plan.lower_attention import head_views
+from tremula.plan.head_views import head_views
 
 
 @pytest.mark.parametrize("model", ["vit-tiny", "bert-tiny", "siglip-tiny", "gpt2-tiny"])

@@ -98,7 +98,7 @@ def test_a_relayout_moves_the_largest_runs_that_divide_every_cut():
     pixels at even columns of a 24-wide image (gcd 12 with the 36-wide output rows) move 2 elements at a time. It
     went 12, 6, 3, then gave up at 1 (a divisor of each one tried, not of the gcd): SigLIP so400m's patch extraction,
     5.1 M elements at batch 12, was located element by element."""
-    from tremula.plan.lower_ops import _chunk
+    from tremula.plan.context import _chunk
 
     src = grid_layout(6, 24, [0, 3, 6], [0, 24])  # 6 image rows of 24 pixels on 2 tiles
     # output rows of 36: each takes 14-pixel runs from columns 0 and 10 of consecutive rows (runs start even)
@@ -115,7 +115,7 @@ def test_a_broadcast_along_leading_axes_is_chunked_from_its_rows(shape, out_shap
     """block_operands reads a broadcast whose last axis is the output's from the source row of each output row
     (_broadcast_rows), not from the whole index map (12.6 M entries for bert-base b128's position embeddings): the
     same elements and the same run length as the map gives."""
-    from tremula.plan.lower_ops import _broadcast_chunk, _broadcast_rows
+    from tremula.plan.context import _broadcast_chunk, _broadcast_rows
 
     size = int(np.prod(shape))
     rows, cols = int(np.prod(out_shape[:-1])), out_shape[-1]

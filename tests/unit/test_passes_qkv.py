@@ -1,5 +1,5 @@
 """Projections of one input fused into one Linear and a Split (passes/fuse_qkv.py), the near misses that must stay
-apart, and the planner's in-place Split of the fused output (plan/lower_ops.py)."""
+apart, and the planner's in-place Split of the fused output (plan/lower_linear.py, plan/lower_move.py)."""
 
 import dataclasses
 
@@ -86,10 +86,10 @@ def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype, seri
     once."""
     from dataclasses import replace
 
-    import tremula.plan.lower_ops as lower_ops
+    import tremula.plan.lower_linear as lower_linear
     from tremula.check import check_model
 
-    real = lower_ops.choose_linear
+    real = lower_linear.choose_linear
 
     def whole_is_dear(chip, m, k, n, *args, **kwargs):
         st = real(chip, m, k, n, *args, **kwargs)
@@ -97,7 +97,7 @@ def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype, seri
             st = replace(st, pm=2, pk=2, serial=serial, stream=False)
         return replace(st, cycles=10**9) if n == 96 else st  # bert-tiny's fused Q, K and V: 3 x 32 columns
 
-    monkeypatch.setattr(lower_ops, "choose_linear", whole_is_dear)
+    monkeypatch.setattr(lower_linear, "choose_linear", whole_is_dear)
     res = check_model("bert-tiny", "c600", 2, dtype)
     assert res.passed, res.outputs
     apart = [k for k, v in res.compile.strategies.items() if "projections apart" in v]
@@ -115,7 +115,7 @@ def test_a_fused_projection_planned_apart_still_answers(monkeypatch, dtype, seri
         labels = [s.label for s in res.compile.program.steps if "layer.0.attention.self" in s.label]
         rounds = [lb[-4:-1] for lb in labels]
         assert rounds == ["1/2"] * 6 + ["2/2"] * 6, labels  # partials and reduce of Q, K and V, then again
-    monkeypatch.setattr(lower_ops, "share_gather", lambda bounded, thrift: False)  # (each part gathers its own)
+    monkeypatch.setattr(lower_linear, "share_gather", lambda bounded, thrift: False)  # (each part gathers its own)
     own = check_model("bert-tiny", "c600", 2, dtype)
     assert own.passed and not any("on one gathered operand" in v for v in own.compile.strategies.values())
     assert own.compile.steps == res.compile.steps  # the same steps, two gathers a layer fewer in their exchanges
@@ -129,17 +129,17 @@ def test_parts_on_one_gathered_operand_beyond_the_weight_block_budget_are_retrie
     lean (pipeline.plan_graph), where each part gathers its own operand, before a tighter budget or streamed
     weights."""
     import tremula.pipeline as pipeline
-    import tremula.plan.lower_ops as lower_ops
+    import tremula.plan.lower_linear as lower_linear
     from tremula.compiler import compile_model
 
-    real, real_lowerer, real_plan = lower_ops.choose_linear, pipeline.Lowerer, pipeline.memory_plan
+    real, real_lowerer, real_plan = lower_linear.choose_linear, pipeline.Lowerer, pipeline.memory_plan
 
     def whole_is_dear(chip, m, k, n, *args, **kwargs):  # (bert-tiny's fused Q, K and V: 3 x 32 columns)
         st = real(chip, m, k, n, *args, **kwargs)
         return dataclasses.replace(st, cycles=10**9) if n == 96 else st
 
-    monkeypatch.setattr(lower_ops, "choose_linear", whole_is_dear)
-    monkeypatch.setattr(lower_ops, "weight_block_budget", lambda chip, f: 0.0)
+    monkeypatch.setattr(lower_linear, "choose_linear", whole_is_dear)
+    monkeypatch.setattr(lower_linear, "weight_block_budget", lambda chip, f: 0.0)
     free = compile_model("bert-tiny", "c600", 2, "fp16")
     assert sum("on one gathered operand" in v for v in free.strategies.values()) == 2  # free: shared all the same
 

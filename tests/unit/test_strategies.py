@@ -57,7 +57,7 @@ def test_weight_block_budget_grows_with_the_operand_budget(c600):
 def test_merge_runs_joins_only_back_to_back_blocks():
     import numpy as np
 
-    from tremula.plan.lower_ops import _merge_runs
+    from tremula.plan.lower_elementwise import _merge_runs
 
     tl = np.array([0, 0, 1, 0])
     rows, cols = np.array([2, 2, 2, 2]), np.array([4, 4, 4, 4])

@@ -27,8 +27,8 @@ FlopRule = Callable[[list[TensorType], list[TensorType], Attrs], int]
 IMPORTS = ("direct", "own", "pass")  # ONNX import: the ONNX op of this name as it is (frontends/onnx_ops._direct),
 #   a converter of its own there, or made by tremula's passes only (no ONNX op of this meaning)
 EXPORTS = ("direct", "own")  # ONNX export: the ONNX op of this name as it is, or a converter of its own
-LOWERINGS = ("elementwise", "move", "rows", "own", "")  # plan/lower_ops.py: its family, a `_lower_<op>` method of
-#   its own, or "" (the planner refuses it; folding or a pass must remove it first)
+LOWERINGS = ("elementwise", "move", "rows", "own", "")  # plan/lower_ops.RULES: its family's rule, a rule of its own
+#   (keyed by the op's name), or "" (the planner refuses it; folding or a pass must remove it first)
 DOMAINS = ("real", "positive", "bool")  # an element-wise unary op's inputs, for its tests
 
 

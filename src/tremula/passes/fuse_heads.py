@@ -2,7 +2,7 @@
 
 The planner reads an Attention operand straight from its projection when it is Transpose(0, 2, 1, 3) of Reshape
 [B, S, H, d] of that projection (or of a last-axis Split part of it), and writes the output the same way back
-(plan/lower_attention.head_views), so the head split and merge move no data of their own. The zoo builds that form;
+(plan/head_views.py), so the head split and merge move no data of their own. The zoo builds that form;
 exporters do not. torch's MultiheadAttention (SigLIP's pooling head) is written out sequence-first as
 
     Transpose(x) -> one Linear for k and v -> Reshape, Transpose, Reshape, Gather(0 | 1) -> Reshape [S, B*H, d]

@@ -5,7 +5,7 @@ Why: each separate projection gathers its own copy of x onto its tiles, so atten
 three times; the fused one gathers it once, and its bigger output blocks keep the AMP busier. PopRT runs SigLIP
 so400m's QKV as one matmul, and the custom C600 stack's first planner lesson is the same (ipu-stack-facts §5.1). The
 planner cuts the fused output's columns at the Split's points (and the heads' within them), so the Split moves no
-data: its outputs are column blocks of the fused layout (plan/lower_ops.py).
+data: its outputs are column blocks of the fused layout (plan/lower_linear.py, plan/lower_move.py).
 
 Only projections of equal width are fused (attention's Q, K, V; gate and up projections): the planner's even column
 cuts then fall on the Split's points. The joined weights stay lazy (ir/graph.ConcatInit).

@@ -25,8 +25,8 @@ from tremula.plan.state import BufSpec, SymConst, SymGroup, SymStep
 
 I64 = np.int64
 # Vertex parameters that take a node attribute which may differ from layer to layer (ir/layers.PER_LAYER_ATTRS), by
-# codelet: (column, attribute). The lowering writes them from these attributes (lower_ops._lower_elementwise for
-# fp8_cast, lower_ops._matmul_codelet for matmul_fp8); a per-layer attribute found anywhere else stops the replay.
+# codelet: (column, attribute). The lowering writes them from these attributes (lower_elementwise.lower_elementwise for
+# fp8_cast, lower_linear._matmul_codelet for matmul_fp8); a per-layer attribute found anywhere else stops the replay.
 PER_LAYER_PARAMS = {"fp8_cast": ((1, "scale"), (3, "seed")), "matmul_fp8": ((3, "x_scale"),)}
 _DICTS = ("layouts", "strategies", "split_sums", "paired")  # the Lowerer's per-name choices a layer adds to
 
@@ -112,7 +112,7 @@ class LayerReplay:
         if r is None:
             return
         key = r["key"]
-        added, ok = {}, self._shared_x is None
+        added, ok = {}, self.shared_x is None
         for d in _DICTS:
             now, before = getattr(self, d), r["before"][d]
             ok = ok and all(k in now for k in before)  # an entry the layer removed cannot be renamed

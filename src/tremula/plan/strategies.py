@@ -20,7 +20,7 @@ TEMP_FRACTION = 0.12  # of a tile's SRAM that one op's gathered operand block ma
 # down with temp_fraction when the compiler retries with smaller blocks
 BUFFER_FRACTION = 0.2
 # of what a tile has left after code and one copy of the weights, that one op's temporaries may take in the first,
-# fastest plan (lower_ops.free_temp_fraction): the other half holds the live activations and the next op's operands.
+# fastest plan (context.free_temp_fraction): the other half holds the live activations and the next op's operands.
 # A planner heuristic, not a chip fact: plans that do not fit are retried with the fixed fractions above.
 FREE_SHARE = 0.5
 # of a tile's SRAM that one block of a row-layout activation may take (more row parts beyond that)
@@ -30,7 +30,7 @@ ROW_BLOCK_FRACTION = 0.02
 # on one tile: 206 KB against a 291 KB mean of all weights); at the fixed operand budget, scaled with it
 # (weight_block_budget)
 WEIGHT_BLOCK_FRACTION = 0.05
-# of a tile's SRAM that a lookup table copied to every tile of its output's rows may take (lower_ops._lookup_rows;
+# of a tile's SRAM that a lookup table copied to every tile of its output's rows may take (lower_gather._lookup_rows;
 # BERT's token types, 2 x 768 halves, 3 KB); larger tables are spread by columns
 SMALL_TABLE_FRACTION = 0.01
 # of a tile's SRAM that one attention head's K and V may take on a tile; beyond it the keys are split over tiles
@@ -43,7 +43,7 @@ def cdiv(a: int, b: int) -> int:
 
 def weight_block_budget(chip, temp_fraction: float) -> float:
     """Bytes one matmul weight block may take on a tile: WEIGHT_BLOCK_FRACTION of its SRAM, scaled as the buffer
-    budget is, by the operand budget against the fixed one (a plan from free bytes, lower_ops.free_temp_fraction,
+    budget is, by the operand budget against the fixed one (a plan from free bytes, context.free_temp_fraction,
     allows bigger blocks where the tiles have room for the unevenness they bring)."""
     return WEIGHT_BLOCK_FRACTION * temp_fraction / TEMP_FRACTION * chip.sram_bytes_per_tile
 
@@ -157,7 +157,7 @@ def k_rounds_cycles(chip, rows: int, kl: int, kc: int, nj: int, dtype: str, part
 
 def operand_gather_cycles(chip, m: int, k: int, dtype: str, st: LinearStrategy) -> int:
     """The part of st.cycles that gathers x: what a projection lowered apart saves on each part after the first
-    when the parts share one gathered operand (plan/lower_ops.py _fused_apart)."""
+    when the parts share one gathered operand (plan/lower_linear.py _fused_apart)."""
     isz, kl = np.dtype(dtype).itemsize, cdiv(k, st.pk)
     ks = cdiv(kl, st.kchunk or kl)
     return st.serial * ks * _gather_round_cycles(chip, m, k, isz, st.pm, st.pk, st.serial, ks, st.kchunk)

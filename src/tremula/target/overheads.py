@@ -21,9 +21,9 @@ CODE_BYTES = {
     "softmax": 1536, "reduce": 1024, "unary": 1024, "binary": 1024, "where": 768, "embed": 768,
     "matmul_fp8": 4096, "fp8_cast": 1024,  # the quarter AMP path and the float->quarter cast (codelets/fp8.py)
     "attention_partial": 6144, "attention_combine": 1024,  # attention with keys split over tiles
-    "layernorm_moments": 1024, "layernorm_apply": 2048,  # LayerNorm over column blocks (lower_ops._layernorm_blocks)
+    "layernorm_moments": 1024, "layernorm_apply": 2048,  # LayerNorm over column blocks (lower_rows._layernorm_blocks)
 }
-# Codelets that only some programs use: the planner's up-front bound on code (lower_ops.Lowerer) leaves them out
+# Codelets that only some programs use: the planner's up-front bound on code (context.tile_room) leaves them out
 # unless the graph needs them; the memory plan always counts exactly the codelets a tile runs.
 OPTIONAL_CODELETS = {"matmul_fp8": "fp8", "fp8_cast": "fp8", "attention_partial": "key_split",
                      "attention_combine": "key_split", "layernorm_moments": "ln_blocks", "layernorm_apply": "ln_blocks"}

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import resource
 import time
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
-# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
+import first_compile
+
+first_compile.cache_off()
 
 
 def _one(spec: str, chip: str, out) -> None:

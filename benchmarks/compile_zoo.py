@@ -5,11 +5,11 @@ throughput and compile time. Planner only (no simulation). Usage: python benchma
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
-# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
+import first_compile
+
+first_compile.cache_off()
 
 from tremula.compiler import DoesNotFit, compile_model
 from tremula.errors import NoFit

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import resource
 import time
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
-# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
+import first_compile
+
+first_compile.cache_off()
 
 from tremula.multichip import compile_system
 from tremula.target.system import load_system

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import resource
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
-# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
+import first_compile
+
+first_compile.cache_off()
 
 SO400M = dict(hidden_size=1152, num_hidden_layers=27, num_attention_heads=16, intermediate_size=4304, image_size=384,
               patch_size=14, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh")

@@ -12,13 +12,13 @@ The measured MFU uses the same graph FLOP count as the modelled one, so the two 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
-# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
+import first_compile
+
+first_compile.cache_off()
 
 from tremula.compiler import compile_model
 from tremula.errors import NoFit

@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 
 import numpy as np
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # (a benchmark measures the compile, not the cache)
+import first_compile
 
-from tremula.compiler import compile_model  # noqa: E402
-from tremula.numerics.fp8 import is_fp8  # noqa: E402
-from tremula.plan.strategies import cdiv  # noqa: E402
-from tremula.target import cost_terms  # noqa: E402
-from tremula.target.chip import load_chip  # noqa: E402
+first_compile.cache_off()
+
+from tremula.compiler import compile_model
+from tremula.numerics.fp8 import is_fp8
+from tremula.plan.strategies import cdiv
+from tremula.target import cost_terms
+from tremula.target.chip import load_chip
 
 DEFAULT = (("vit-base-patch16-224", "fp16", 8), ("bert-base-uncased", "fp16", 16),
            ("siglip-so400m-patch14-384", "fp8", 8))

@@ -8,12 +8,12 @@ Usage: python benchmarks/siglip_fp8.py [--batches 1,8,16] [--dtypes fp8,fp16] [-
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import time
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
-# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
+import first_compile
+
+first_compile.cache_off()
 
 from tremula.compiler import compile_model
 from tremula.errors import NoFit

@@ -27,8 +27,9 @@ import resource
 import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the simulator on one thread too (before NumPy loads BLAS)
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # as a first compile makes the Programs: nothing taken from an
-# earlier run (src/tremula/cache.py)
+import first_compile
+
+first_compile.cache_off()
 
 import numpy as np
 

@@ -13,12 +13,12 @@ Usage: python benchmarks/streamed_weights.py [--runs MODEL:DTYPE:BATCH:WEIGHTS,.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import time
 
-os.environ.setdefault("TREMULA_CACHE_DIR", "off")  # times as a first compile has them: nothing taken from
-# an earlier run (src/tremula/cache.py: FP8 scales, plans, --batch auto answers)
+import first_compile
+
+first_compile.cache_off()
 
 from tremula.compiler import compile_model
 from tremula.frontends import load_model

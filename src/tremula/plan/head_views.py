@@ -21,7 +21,6 @@ class HeadView:
     dim: int
 
 
-
 def _single(consumers, graph: Graph, value: str, op: str):
     users = consumers.get(value, [])
     if len(users) == 1 and users[0].op == op and value not in graph.outputs:

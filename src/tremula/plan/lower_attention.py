@@ -26,7 +26,6 @@ def fill_rounds(nq: int, sq: int, units_per_block: int, per_round: int) -> int:
     return max(nq, min(sq, rounds * per_round // units_per_block))
 
 
-
 def _attention_operands(cx: LoweringContext, node):
     """(q, k, v, mask or None, out, their four types, (Sq, d, Sk, dv), leading dims, batch*heads)."""
     q, k, v = node.inputs[:3]

@@ -56,8 +56,6 @@ class CodeOverflow(TremulaError):
         self.tile, self.nbytes, self.limit, self.node = tile, nbytes, limit, node
 
 
-
-
 def supported(graph: Graph) -> list[str]:
     """Ops in the graph this planner cannot place (each op once)."""
     bad = []

@@ -10,11 +10,19 @@ import pytest
 from tremula.ir.ops import LOWERINGS, OPS
 from tremula.frontends import load_model
 from tremula.pipeline import canonical
-from tremula.plan import lower_attention, lower_elementwise, lower_gather, lower_linear, lower_move, lower_rows
+from tremula.plan import (
+    lower_attention,
+    lower_elementwise,
+    lower_gather,
+    lower_linear,
+    lower_matmul,
+    lower_move,
+    lower_rows,
+)
 from tremula.plan.lower_ops import RULES, Lowerer, rule_of, supported
 from tremula.target.chip import load_chip
 
-RULE_MODULES = (lower_elementwise, lower_rows, lower_move, lower_gather, lower_linear, lower_attention)
+RULE_MODULES = (lower_elementwise, lower_rows, lower_move, lower_gather, lower_linear, lower_matmul, lower_attention)
 
 
 def test_every_op_the_planner_places_has_its_rule():
@@ -30,7 +38,8 @@ def test_a_family_takes_its_rule_from_the_ops_row():
     assert rule_of("Identity") is lower_move.lower_move  # (an element-wise op whose row plans it as a move)
     assert rule_of("Add") is lower_elementwise.lower_elementwise
     assert rule_of("Softmax") is lower_rows.lower_rows
-    assert rule_of("LinearFp8") is rule_of("MatMul") is lower_linear.lower_linear
+    assert rule_of("LinearFp8") is rule_of("Linear") is lower_linear.lower_linear
+    assert rule_of("MatMul") is lower_matmul.lower_matmul  # (a Linear when its right operand is a 2-D constant)
 
 
 def test_ops_without_a_lowering_are_refused():

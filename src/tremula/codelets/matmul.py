@@ -32,7 +32,7 @@ def partials_of(codelet_name: str, params) -> str:
 def stored_weights(codelet_name: str, partials: str) -> bool:
     """Whether a matmul vertex's w is a Linear's stored weights (priced as a weights kernel, cost.amp_matmul_cycles):
     always for matmul_partial (only a Linear's K is split) and matmul_fp8 (weight codes); for matmul with half
-    partials (a MatMul of two activations runs with float partials, plan/lower_linear.py lower_batched_matmul)."""
+    partials (a MatMul of two activations runs with float partials, plan/lower_matmul.py)."""
     return codelet_name in ("matmul_partial", "matmul_fp8") or (codelet_name == "matmul" and partials == "half")
 
 

@@ -1,6 +1,6 @@
 """The matmul rule: a Linear's strategy (strategies.choose_linear, or with the matmul after it), its weights placed,
 then round after round its operand gathered and its products made, K split over tiles summed by reduce-scatter; a
-fused projection's parts apart when cheaper; and the batched MatMul of two activations."""
+fused projection's parts apart when cheaper."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from tremula.plan.context import (
     LoweringContext,
     _last_axis,
 )
-from tremula.plan.exchange import SymTransfers, gather_elems, gather_rects, make_transfers
-from tremula.plan.layout import Layout, even_cuts, reshape_free, view2d
+from tremula.plan.exchange import gather_rects, make_transfers
+from tremula.plan.layout import even_cuts, view2d
 from tremula.plan.strategies import (
     SourceShape,
     cdiv,
@@ -36,12 +36,10 @@ from tremula.plan.strategies import (
 def lower_linear(cx: LoweringContext, node, col0: int = 0) -> None:
     """col0: the node is one part of a fused projection (_fused_apart), its output that part's value, its weight
     and bias columns from col0 on."""
-    x, w = node.inputs[0], node.inputs[1]
+    x = node.inputs[0]
     out = node.outputs[0]
-    if w not in cx.graph.constants or len(cx.types[w].shape) != 2:
-        if node.op == "MatMul":
-            return lower_batched_matmul(cx, node)
-        raise TremulaError(f"Linear {node.name}: the weight must be a 2-D constant")
+    if not has_weights(cx, node):
+        raise TremulaError(f"{node.op} {node.name}: the weight must be a 2-D constant")
     xt = cx.types[x]
     m, k = view2d(xt.shape)
     n = cx.types[out].shape[-1]
@@ -91,6 +89,12 @@ def lower_linear(cx: LoweringContext, node, col0: int = 0) -> None:
     else:
         for _ in rounds:
             pass
+
+
+def has_weights(cx: LoweringContext, node) -> bool:
+    """Whether a matmul's right operand is a 2-D constant (a Linear's stored weights)."""
+    w = node.inputs[1]
+    return w in cx.graph.constants and len(cx.types[w].shape) == 2
 
 
 def _cheapest_linear(cx: LoweringContext, m: int, k: int, n: int, dtype: str, shape: SourceShape, pn_fix: int,
@@ -429,52 +433,6 @@ def _linear_split_k(cx: LoweringContext, node, st, src, tl, gi, gj, gl, mcuts, n
                      "reduce", f" ({u + 1}/{st.serial})" if st.serial > 1 else "")
         yield
     cx.set_output(out, lay)
-
-
-def lower_batched_matmul(cx: LoweringContext, node) -> None:
-    a, b = node.inputs
-    out = node.outputs[0]
-    at, bt, ot = cx.types[a], cx.types[b], cx.types[out]
-    if len(at.shape) < 2 or len(bt.shape) < 2:
-        raise TremulaError(f"MatMul {node.name}: 1-D operands are not supported by the planner")
-    m, k = at.shape[-2:]
-    n = bt.shape[-1]
-    lead = tuple(ot.shape[:-2])
-    nb = int(np.prod(lead, dtype=I64))
-    ai = np.broadcast_to(np.arange(int(np.prod(at.shape[:-2], dtype=I64))).reshape(at.shape[:-2]), lead).reshape(-1)
-    bi = np.broadcast_to(np.arange(int(np.prod(bt.shape[:-2], dtype=I64))).reshape(bt.shape[:-2]), lead).reshape(-1)
-    sa = cx.layout_of(a)
-    sb = cx.layout_of(b)
-    sa = reshape_free(sa, sa.rows * sa.cols // k, k) or sa
-    sb = reshape_free(sb, sb.rows * sb.cols // n, n) or sb
-    units = np.arange(nb, dtype=I64)
-    tiles_u = units % cx.T
-    used = np.unique(tiles_u)
-    isz = np.dtype(at.dtype).itemsize
-    abuf = cx.new_buffer(f"{a}@{out}", "buffers", used, m * k * isz)
-    bbuf = cx.new_buffer(f"{b}@{out}", "buffers", used, k * n * isz)
-    lay = cx.alloc_layout(out + "@bmm", nb * m, n, ot.dtype, np.arange(nb + 1) * m, [0, n], tiles_u[:, None])
-    for rnd in range(cdiv(nb, cx.T)):
-        us = units[rnd * cx.T: (rnd + 1) * cx.T]
-        tl = tiles_u[us]
-        cx.exchange(SymTransfers.concat([
-            _rect_gather(sa, ai[us] * m, ai[us] * m + m, k, tl, abuf),
-            _rect_gather(sb, bi[us] * k, bi[us] * k + k, n, tl, bbuf)]))
-        ops = [(abuf, 0, m, k), (bbuf, 0, k, n), (lay.buf, lay.rel[us, 0], m, n)]
-        cx.compute([cx.group("matmul", (at.dtype, bt.dtype, ot.dtype), tl, [0], ops)], out)
-    cx.set_output(out, lay)
-    cx.strategies[node.name or out] = f"batched matmul, {nb} products over {len(used)} tiles"
-
-
-def _rect_gather(src: Layout, r0, r1, cols: int, tl, buf: int) -> SymTransfers:
-    """Rows r0:r1 (all columns) of a matrix with `cols` columns into `buf` at offset 0 on tiles tl."""
-    if src.cols == cols:
-        return gather_rects(src, r0, r1, 0, cols, tl, buf, 0, cols * src.itemsize)
-    isz = src.itemsize
-    elems = np.concatenate([np.arange(s * cols, e * cols, dtype=I64) for s, e in zip(r0, r1)])
-    dt = np.concatenate([np.full((e - s) * cols, t, I64) for s, e, t in zip(r0, r1, tl)])
-    dr = np.concatenate([np.arange((e - s) * cols, dtype=I64) * isz for s, e in zip(r0, r1)])
-    return gather_elems(src, elems, dt, buf, dr)
 
 
 def _round_label(u: int, serial: int, v: int, ks: int) -> str:

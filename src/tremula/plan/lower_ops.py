@@ -18,6 +18,7 @@ from tremula.plan.lower_attention import lower_attention
 from tremula.plan.lower_elementwise import lower_elementwise
 from tremula.plan.lower_gather import lower_gather
 from tremula.plan.lower_linear import lower_linear
+from tremula.plan.lower_matmul import lower_matmul
 from tremula.plan.lower_move import lower_move
 from tremula.plan.lower_rows import lower_rows
 from tremula.plan.state import LoweringState, SymStream
@@ -34,7 +35,7 @@ RULES: dict[str, Rule] = {
     "Gather": lower_gather,
     "Linear": lower_linear,
     "LinearFp8": lower_linear,
-    "MatMul": lower_linear,  # (a MatMul of two activations: lower_linear hands it to lower_batched_matmul)
+    "MatMul": lower_matmul,
     "Attention": lower_attention,
 }
 

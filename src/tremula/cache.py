@@ -33,13 +33,13 @@ import hashlib
 import json
 import os
 import tempfile
-import weakref
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tremula.ir.array_memo import ArrayMemo
 from tremula.ir.graph import Graph, LazyInit
 
 ENV = "TREMULA_CACHE_DIR"
@@ -95,22 +95,20 @@ def _value(h, v: Any) -> None:
         h.update(f"{type(v).__name__} {v!r}\0".encode())
 
 
-_DIGESTS: dict[int, tuple[weakref.ref, str]] = {}  # id of a read-only array -> (the array, its digest): _array_digest
+_DIGESTS = ArrayMemo()  # a read-only array's digest (_array_digest)
 
 
 def _array_digest(a: np.ndarray) -> str:
-    """sha256 of an array's dtype, shape and bytes; a read-only array's is kept while it lives, so the graphs of one
-    compile that share a model file's weights hash them once (an FP8 compile keys its scales on the calibration's
-    graph and its plan on the compiled one: SigLIP so400m's 1.7 GB export, 0.85 s a hash)."""
-    hit = _DIGESTS.get(id(a))
-    if hit is not None and hit[0]() is a:
-        return hit[1]
-    h = hashlib.sha256()
-    _value(h, a)
-    digest = h.hexdigest()
-    if not a.flags.writeable:  # (a writable array may change under its digest)
-        _DIGESTS[id(a)] = (weakref.ref(a, lambda _, k=id(a): _DIGESTS.pop(k, None)), digest)
-    return digest
+    """sha256 of an array's dtype, shape and bytes; a read-only array's is kept while it lives (ArrayMemo), so the
+    graphs of one compile that share a model file's weights hash them once (an FP8 compile keys its scales on the
+    calibration's graph and its plan on the compiled one: SigLIP so400m's 1.7 GB export, 0.85 s a hash)."""
+
+    def digest(a: np.ndarray) -> str:
+        h = hashlib.sha256()
+        _value(h, a)
+        return h.hexdigest()
+
+    return _DIGESTS.get(a, digest)
 
 
 def graph_key(h, graph: Graph) -> bool:

@@ -6,7 +6,6 @@ search (batch_search.py) and the FP8 calibration (fp8_calibration.py) all go thr
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 from tremula import limits
 from tremula.errors import TremulaError
 from tremula.ir.graph import Constant, DerivedInit, Graph, Node
+from tremula.ir.array_memo import ArrayMemo
 from tremula.ir.interp import infer_types
 from tremula.ir.layers import find_layers, layer_roles, node_key
 from tremula.plan.finalize import StreamConflict, memory_plan, to_program
@@ -96,26 +96,22 @@ def cast_graph(graph: Graph, dtype: str) -> Graph:
     return infer_types(g)
 
 
-_SATURATED: dict[tuple[int, str], tuple[weakref.ref, weakref.ref]] = {}  # see _saturated
+_SATURATED = ArrayMemo(weak_values=True)  # a read-only array's cast (_saturated)
 
 
 def _saturated(a: np.ndarray, dtype: str) -> np.ndarray:
     """a in `dtype`, saturated like the hardware's float->half conversion (a -3.4e38 mask fill becomes -65504, not
-    -inf). The cast of a read-only array is kept (read-only) while both live, and given again for the same array: a
-    compile plans a model file's graph more than once (with all-zero FP8 scales, then the calibrated ones), and each
-    cast SigLIP so400m's 1.7 GB of weights anew (1.2 s)."""
-    key = (id(a), dtype)
-    hit = _SATURATED.get(key)
-    if hit is not None and hit[0]() is a:
-        out = hit[1]()
-        if out is not None:
-            return out
-    fmax = float(np.finfo(dtype).max)
-    out = np.asarray(np.clip(a, -fmax, fmax).astype(dtype))  # (of a 0-d array, clip gives a scalar)
-    if not a.flags.writeable:  # (a writable array may change under its cast)
-        out.flags.writeable = False  # (shared by the graphs cast from `a`)
-        _SATURATED[key] = (weakref.ref(a, lambda _, k=key: _SATURATED.pop(k, None)), weakref.ref(out))
-    return out
+    -inf). The cast of a read-only array is read-only too, and kept while both live (ArrayMemo): a compile plans a
+    model file's graph more than once (with all-zero FP8 scales, then the calibrated ones), and each cast SigLIP
+    so400m's 1.7 GB of weights anew (1.2 s)."""
+
+    def cast(a: np.ndarray) -> np.ndarray:
+        fmax = float(np.finfo(dtype).max)
+        out = np.asarray(np.clip(a, -fmax, fmax).astype(dtype))  # (of a 0-d array, clip gives a scalar)
+        out.flags.writeable = a.flags.writeable  # (a read-only array's is shared by the graphs cast from it)
+        return out
+
+    return _SATURATED.get(a, cast, dtype)
 
 
 def _to_dtype(dtype: str) -> Callable[[np.ndarray], np.ndarray]:

@@ -300,12 +300,6 @@ class LoweringContext(SharedLayers, LoweringState):
         self.exchange(gather_elems(src, elems, tl[blk], buf, trel.reshape(-1)[blk] + j * isz, g))
         return (buf, trel, nr, nc)
 
-    def block_operands_rowvec(self, value: str, lay: Layout, tag: str) -> tuple:
-        """A [1, cols] constant (LayerNorm scale/bias) resident on every tile of a row layout."""
-        # Not resident: a copy on every row tile of every LayerNorm would pile up (2 x cols per tile per LayerNorm);
-        # the constant lives once (its home layout) and is multicast to the row tiles when the LayerNorm runs.
-        return self.block_operands(value, (lay.rows, lay.cols), lay, tag, resident=False)
-
     def weight_operand(self, name: str, const: str, dtype: str, tl, home, src_i, r0, r1, c0, c1):
         """Block [r0:r1, c0:c1] of a constant for every tile of a matmul: (buffer, offset) per tile. Resident on
         the `home` tiles; each other tile gets its home tile src_i's copy in a temporary buffer, one multicast per

@@ -52,7 +52,7 @@ def lower_rows(cx: LoweringContext, node) -> None:
     if node.op == "LayerNorm":
         for p in node.inputs[1:]:
             if p:
-                ops.append(cx.block_operands_rowvec(p, res, out))
+                ops.append(_row_vector(cx, p, res, out))
                 dtypes.append(cx.types[p].dtype)
         name, params = "layernorm", [f2i(node.attrs.get("epsilon", 1e-5)), int(len(ops) == 3)]
     elif node.op == "Softmax":
@@ -123,7 +123,7 @@ def _layernorm_blocks(cx: LoweringContext, node, src: Layout) -> bool:
     dtypes = [xt.dtype, "float32"]
     for p in node.inputs[1:]:
         if p:
-            ops.append(cx.block_operands_rowvec(p, res, out))
+            ops.append(_row_vector(cx, p, res, out))
             dtypes.append(cx.types[p].dtype)
     ops.append((res.buf, res.rel.reshape(-1), rows, w))
     params = [f2i(node.attrs.get("epsilon", 1e-5)), int(len(ops) == 5), nc, src.cols]
@@ -132,6 +132,13 @@ def _layernorm_blocks(cx: LoweringContext, node, src: Layout) -> bool:
     cx.strategies[node.name or out] = f"LayerNorm on {nr} x {nc} blocks in place"
     cx.split_sums[node.outputs[0]] = ("columns", tuple(int(c) for c in src.col_cuts))
     return True
+
+
+def _row_vector(cx: LoweringContext, value: str, lay: Layout, tag: str) -> tuple:
+    """A [1, cols] constant (LayerNorm scale/bias) brought to every tile of a row layout."""
+    # Not resident: a copy on every row tile of every LayerNorm would pile up (2 x cols per tile per LayerNorm);
+    # the constant lives once (its home layout) and is multicast to the row tiles when the LayerNorm runs.
+    return cx.block_operands(value, (lay.rows, lay.cols), lay, tag, resident=False)
 
 
 def perm_free(node, axes: tuple[int, ...], rank: int) -> bool:

@@ -60,9 +60,9 @@ def vertex_cycles(chip, group, memo: dict | None = None) -> np.ndarray:
     if params is None:
         params, shapes, inv = distinct_vertices(group)
         if memo is not None:
-            memo[like] = (group.params, params, shapes, inv)
+            memo[like] = (group.params, params, shapes, inv, group.shapes)  # (kept: its id is in the key)
     else:
-        _, _, shapes, inv = memo[like]
+        _, _, shapes, inv, _ = memo[like]
     out = np.array([fn(chip, pr, sh, group.dtypes) for pr, sh in zip(params, shapes)], I64)[inv]
     if memo is not None:
         memo[key] = (group.params, group.shapes, out)
@@ -71,9 +71,10 @@ def vertex_cycles(chip, group, memo: dict | None = None) -> np.ndarray:
 
 def _as_like(params: np.ndarray, seen: tuple | None) -> list[tuple[int, ...]] | None:
     """The distinct params of a group whose params differ from an earlier group's (`seen`: its params, distinct
-    params, distinct shapes, inverse; the same shapes array) only in columns that hold one value on every vertex of
-    both (a shared layer's FP8 scale, plan/replay.py's PER_LAYER_PARAMS): its vertices group as the earlier one's do,
-    in the same order, with those columns' values its own. None when they differ otherwise (distinct_vertices)."""
+    params, distinct shapes, inverse and shapes array, the same as this group's) only in columns that hold one value
+    on every vertex of both (a shared layer's FP8 scale, plan/replay.py's PER_LAYER_PARAMS): its vertices group as
+    the earlier one's do, in the same order, with those columns' values its own. None when they differ otherwise
+    (distinct_vertices)."""
     if seen is None or not len(params):
         return None
     p0 = seen[0]

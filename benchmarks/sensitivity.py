@@ -76,8 +76,7 @@ def scaled(chip, group: str, f: float):
 def rate(chip, model: str, dtype: str, batch: int) -> tuple[float, bool]:
     """(samples/s with the host I/O, fits) of the compile."""
     res = compile_model(model, chip, batch, dtype, require_fit=False)
-    cycles = res.cycles + res.host_in_cycles + res.host_out_cycles
-    return batch * chip.clock_hz / cycles, res.fits
+    return batch * chip.clock_hz / res.throughput_cycles, res.fits
 
 
 def main() -> None:
